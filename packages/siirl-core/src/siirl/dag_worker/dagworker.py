@@ -1,0 +1,137 @@
+"""DAGWorker: one per device; runs its TaskGraph over its own data, step after step.
+
+This class only walks the graph. Calling a node is ``node_executor``; engines are owned by
+``engines.WorkerEngines``; step metrics by ``metrics_collector``; advantage math lives in
+``core_algos``. The built-in node functions below (``generate``, ``compute_reward``, ...) are
+what ``"siirl.dag_worker.dagworker:DAGWorker.<method>"`` references run, bound to this worker.
+
+Data along edges: an entry node receives the batch given to ``execute_task_graph``; a node
+with one parent receives that parent's output batch; a node with several parents receives
+their batches merged (``dag_utils.merge_parent_batches``: fields unioned, the parent listed
+later in ``dependencies`` wins a shared field). A node returning ``batch=None`` passes its
+input on unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+from siirl.dag_worker import core_algos
+from siirl.dag_worker.dag_utils import call_with_available, merge_parent_batches
+from siirl.dag_worker.data_structures import NodeOutput, StepResult
+from siirl.dag_worker.engines import WorkerEngines, roles_needed
+from siirl.dag_worker.metrics_collector import MetricsCollector
+from siirl.dag_worker.node_executor import NodeExecutor
+from siirl.execution.config_select import select
+from siirl.execution.dag.task_graph import TaskGraph
+
+
+class DAGWorker:
+    # Marks "module:DAGWorker.method" references as methods bound to the executing worker.
+    __siirl_worker__ = True
+
+    def __init__(self, taskgraph: TaskGraph, config: Any = None, rank: int = 0,
+                 world_size: int = 1):
+        taskgraph.validate_graph()
+        self.taskgraph = taskgraph
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.global_step = 0
+        self.engines = WorkerEngines(config, worker=self)
+        self.executor = NodeExecutor(self)
+        self.metrics = MetricsCollector()
+        self._order = taskgraph.get_execution_order()
+
+    def init_engines(self) -> None:
+        """Import every engine plugin the graph needs, so a missing one fails up front."""
+        self.engines.resolve(roles_needed(self.taskgraph))
+
+    def execute_task_graph(self, batch: Any = None) -> StepResult:
+        """Run every node once in topological order; return exit outputs and step metrics."""
+        graph = self.taskgraph
+        self.metrics.reset()
+        start = time.perf_counter()
+        outputs: Dict[str, Any] = {}  # node_id -> batch handed to its children
+        pending_children = {node_id: len(graph.adj[node_id]) for node_id in self._order}
+        exits: Dict[str, NodeOutput] = {}
+        for node_id in self._order:
+            node = graph.nodes[node_id]
+            if node.dependencies:
+                node_input = merge_parent_batches(
+                    node_id, [outputs[dep] for dep in node.dependencies])
+            else:
+                node_input = batch
+            output, seconds = self.executor.run(node, node_input, self.config)
+            self.metrics.add_node(node_id, output.metrics, seconds)
+            outputs[node_id] = node_input if output.batch is None else output.batch
+            if not graph.adj[node_id]:
+                exits[node_id] = NodeOutput(outputs[node_id], output.metrics, output.info)
+            for dep in node.dependencies:  # free a parent's batch once its children ran
+                pending_children[dep] -= 1
+                if pending_children[dep] == 0:
+                    outputs.pop(dep, None)
+        self.metrics.add("timing_s/step", time.perf_counter() - start)
+        return StepResult(outputs=exits, metrics=self.metrics.result())
+
+    # ---- built-in node functions: each delegates to the engine of its role -------------
+
+    def generate(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("rollout").generate(batch)
+
+    def compute_reward(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("reward").compute_reward(batch)
+
+    def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("actor").compute_log_prob(batch)
+
+    def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("reference").compute_ref_log_prob(batch)
+
+    def compute_value(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("critic").compute_values(batch)
+
+    def train_actor(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("actor").update_policy(batch)
+
+    def train_critic(self, batch, config=None, **kwargs) -> NodeOutput:
+        return self.engines.get("critic").update_critic(batch)
+
+    def compute_advantage(self, batch, config=None, **kwargs) -> NodeOutput:
+        """Advantages and returns by ``algorithm.adv_estimator`` (see core_algos)."""
+        config = config if config is not None else self.config
+        name = select(config, "algorithm.adv_estimator", "grpo")
+        estimator = core_algos.get_adv_estimator_fn(name)
+        sources = {key: batch.get(key, None) for key in
+                   ("token_level_rewards", "response_mask", "values")}
+        if "uid" in batch.keys():
+            from siirl.data_coordinator.protocol import get_non_tensor
+            sources["index"] = get_non_tensor(batch, "uid")
+        for key in ("gamma", "lam", "norm_adv_by_std_in_grpo"):
+            sources[key] = select(config, f"algorithm.{key}")
+        advantages, returns = call_with_available(estimator, sources,
+                                                  f"advantage estimator '{name}'")
+        batch["advantages"], batch["returns"] = advantages, returns
+        mask = batch["response_mask"].bool()
+        metrics = {"critic/advantages/mean": advantages[mask].mean(),
+                   "critic/returns/mean": returns[mask].mean()}
+        return NodeOutput(batch=batch, metrics=metrics)
+
+    def __repr__(self) -> str:
+        return f"DAGWorker(rank={self.rank}/{self.world_size}, graph={self.taskgraph.graph_id})"
+
+
+def run_steps(worker: DAGWorker, num_steps: int, batch_source: Optional[Any] = None,
+              on_step=None) -> list:
+    """Run ``num_steps`` steps; entry nodes get ``next(batch_source)`` (or None)."""
+    history = []
+    iterator = iter(batch_source) if batch_source is not None else None
+    for _ in range(num_steps):
+        worker.global_step += 1
+        batch = next(iterator) if iterator is not None else None
+        result = worker.execute_task_graph(batch)
+        history.append(result.metrics)
+        if on_step is not None:
+            on_step(worker.global_step, result.metrics)
+    return history

@@ -1,0 +1,72 @@
+"""The built-in workflows, each a function returning a validated TaskGraph.
+
+Flows (spec, "Built-in Pipelines Comparison"):
+  GRPO      rollout -> reward -> advantage -> old_log -> ref_log -> train
+  PPO       rollout -> reward -> value -> advantage -> old_log -> ref_log
+            -> train_actor -> train_critic
+  DAPO      rollout -> reward -> dynamic_sampling -> advantage -> old_log -> ref_log -> train
+  Embodied  rollout -> embodied_sampling -> reward -> advantage -> old_log -> ref_log -> train
+"""
+
+from __future__ import annotations
+
+from siirl.execution.dag.node import NodeRole, NodeType
+from siirl.execution.dag.pipeline import WORKER, Pipeline
+from siirl.execution.dag.task_graph import TaskGraph
+
+_INFER, _TRAIN, _COMPUTE = NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN, NodeType.COMPUTE
+DAPO_FILTER = "siirl.user_interface.filter_interface.dapo:dynamic_sampling"
+EMBODIED_FILTER = "siirl.user_interface.filter_interface.embodied:embodied_local_rank_sampling"
+
+
+def _chain(pipeline: Pipeline, steps) -> TaskGraph:
+    """Add ``steps`` as a linear chain: each node depends on the one before it."""
+    previous = None
+    for node_id, func, node_type, node_role in steps:
+        pipeline.add_node(node_id, func=func, deps=[previous] if previous else [],
+                          node_type=node_type, node_role=node_role)
+        previous = node_id
+    return pipeline.build()
+
+
+_ROLLOUT = ("rollout_actor", f"{WORKER}.generate", _INFER, NodeRole.ROLLOUT)
+_REWARD = ("function_reward", f"{WORKER}.compute_reward", _COMPUTE, NodeRole.REWARD)
+_ADVANTAGE = ("calculate_advantages", f"{WORKER}.compute_advantage", _COMPUTE,
+              NodeRole.ADVANTAGE)
+_OLD_LOG = ("actor_old_log_prob", f"{WORKER}.compute_old_log_prob", _INFER, NodeRole.ACTOR)
+_REF_LOG = ("reference_log_prob", f"{WORKER}.compute_ref_log_prob", _INFER,
+            NodeRole.REFERENCE)
+_TRAIN_ACTOR = ("actor_train", f"{WORKER}.train_actor", _TRAIN, NodeRole.ACTOR)
+_VALUE = ("critic_value", f"{WORKER}.compute_value", _INFER, NodeRole.CRITIC)
+_TRAIN_CRITIC = ("critic_train", f"{WORKER}.train_critic", _TRAIN, NodeRole.CRITIC)
+_DAPO_FILTER = ("dynamic_sampling", DAPO_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
+_EMBODIED_FILTER = ("embodied_sampling", EMBODIED_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
+
+
+def grpo_pipeline() -> TaskGraph:
+    return _chain(Pipeline("grpo_training_pipeline", "GRPO: group-normalised outcome reward"),
+                  [_ROLLOUT, _REWARD, _ADVANTAGE, _OLD_LOG, _REF_LOG, _TRAIN_ACTOR])
+
+
+def ppo_pipeline() -> TaskGraph:
+    return _chain(Pipeline("ppo_training_pipeline", "PPO: critic values and GAE"),
+                  [_ROLLOUT, _REWARD, _VALUE, _ADVANTAGE, _OLD_LOG, _REF_LOG, _TRAIN_ACTOR,
+                   _TRAIN_CRITIC])
+
+
+def dapo_pipeline() -> TaskGraph:
+    return _chain(Pipeline("dapo_training_pipeline",
+                           "DAPO: GRPO with zero-variance groups filtered out"),
+                  [_ROLLOUT, _REWARD, _DAPO_FILTER, _ADVANTAGE, _OLD_LOG, _REF_LOG,
+                   _TRAIN_ACTOR])
+
+
+def embodied_grpo_pipeline() -> TaskGraph:
+    return _chain(Pipeline("embodied_grpo_training_pipeline",
+                           "Embodied GRPO/SRPO: task-success filtering before reward"),
+                  [_ROLLOUT, _EMBODIED_FILTER, _REWARD, _ADVANTAGE, _OLD_LOG, _REF_LOG,
+                   _TRAIN_ACTOR])
+
+
+# Short alias matching the workflow name users select with algorithm.workflow_type=EMBODIED.
+embodied_pipeline = embodied_grpo_pipeline

@@ -1,0 +1,62 @@
+"""Choose the workflow a run executes.
+
+Order: ``dag.custom_pipeline_fn`` ("module:function" returning a TaskGraph or Pipeline),
+then ``dag.workflow_path`` (a YAML workflow), then ``dag.pipeline`` (a name registered in
+the ``siirl.pipelines`` entry-point group), then ``algorithm.workflow_type`` with
+``algorithm.adv_estimator`` (DAPO -> dapo, EMBODIED -> embodied, otherwise gae -> ppo and
+anything else -> grpo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from siirl.errors import ConfigError, PipelineError
+from siirl.execution.config_select import select
+from siirl.execution.dag.config_loader import load_workflow
+from siirl.execution.dag.func_ref import resolve_ref
+from siirl.execution.dag.pipeline import Pipeline
+from siirl.execution.dag.task_graph import TaskGraph
+from siirl.execution.scheduler.enums import AdvantageEstimator, WorkflowType
+from siirl.plugins import load_plugin
+
+
+def builtin_pipeline_name(config: Any) -> str:
+    raw_type = str(select(config, "algorithm.workflow_type", "DEFAULT"))
+    try:
+        workflow = WorkflowType(raw_type.upper())
+    except ValueError:
+        names = ", ".join(w.value for w in WorkflowType)
+        raise ConfigError(f"algorithm.workflow_type={raw_type!r} is not one of {names}") \
+            from None
+    if workflow is WorkflowType.DAPO:
+        return "dapo"
+    if workflow is WorkflowType.EMBODIED:
+        return "embodied"
+    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    return "ppo" if estimator == AdvantageEstimator.GAE.value else "grpo"
+
+
+def _as_task_graph(result: Any, origin: str) -> TaskGraph:
+    if isinstance(result, Pipeline):
+        result = result.build()
+    if not isinstance(result, TaskGraph):
+        raise PipelineError(f"{origin} returned {type(result).__name__}, expected a TaskGraph "
+                            "(or a Pipeline)")
+    result.validate_graph()
+    return result
+
+
+def load_pipeline(config: Any) -> TaskGraph:
+    custom = select(config, "dag.custom_pipeline_fn")
+    if custom:
+        target = resolve_ref(str(custom), "dag.custom_pipeline_fn")
+        return _as_task_graph(target.func(), f"dag.custom_pipeline_fn '{custom}'")
+    workflow_path = select(config, "dag.workflow_path")
+    if workflow_path:
+        return load_workflow(str(workflow_path))
+    named = select(config, "dag.pipeline")
+    name = str(named) if named else builtin_pipeline_name(config)
+    factory = load_plugin("siirl.pipelines", name,
+                          what="dag.pipeline" if named else "algorithm.workflow_type")
+    return _as_task_graph(factory(), f"pipeline '{name}'")

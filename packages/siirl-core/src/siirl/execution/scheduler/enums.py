@@ -1,0 +1,20 @@
+"""Enumerations named by the spec and used to pick a built-in workflow."""
+
+from enum import Enum
+
+
+class AdvantageEstimator(str, Enum):
+    """``algorithm.adv_estimator``: gae selects the PPO workflow (critic), others GRPO."""
+
+    GRPO = "grpo"
+    GAE = "gae"
+    CPGD = "cpgd"
+    GSPO = "gspo"
+
+
+class WorkflowType(str, Enum):
+    """``algorithm.workflow_type``: which built-in node flow to run."""
+
+    DEFAULT = "DEFAULT"
+    DAPO = "DAPO"
+    EMBODIED = "EMBODIED"

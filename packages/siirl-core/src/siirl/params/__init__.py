@@ -1,0 +1,88 @@
+"""Structured (dataclass) configuration schema of siiRL.
+
+``SiiRLArguments`` is the root; ``OmegaConf.structured(SiiRLArguments)`` yields a config
+whose key names and defaults follow verl's ``ppo_trainer.yaml``, plus the siiRL ``dag``
+group. The schema holds no behaviour: parsing, merging and validation live elsewhere.
+"""
+
+from dataclasses import dataclass, field
+
+from siirl.params.dag_args import DagArguments
+from siirl.params.data_args import CustomClsArguments, DataArguments, SamplerArguments
+from siirl.params.model_args import (
+    ActorArguments,
+    ActorRolloutRefArguments,
+    CheckpointArguments,
+    CriticArguments,
+    CriticModelArguments,
+    CustomRewardFunctionArguments,
+    FSDPArguments,
+    MegatronArguments,
+    ModelArguments,
+    MultiTurnArguments,
+    OptimArguments,
+    OverlongBufferArguments,
+    PolicyLossArguments,
+    RefArguments,
+    RewardModelArguments,
+    RewardModelModelArguments,
+    RolloutArguments,
+    SandboxFusionArguments,
+    ValKwargsArguments,
+)
+from siirl.params.training_args import (
+    AlgorithmArguments,
+    FilterGroupsArguments,
+    KLCtrlArguments,
+    PFPPOArguments,
+    TrainerArguments,
+)
+
+
+@dataclass
+class SiiRLArguments:
+    """Root siiRL training configuration (verl-compatible keys plus the dag group)."""
+
+    algorithm: AlgorithmArguments = field(default_factory=AlgorithmArguments)
+    data: DataArguments = field(default_factory=DataArguments)
+    actor_rollout_ref: ActorRolloutRefArguments = field(default_factory=ActorRolloutRefArguments)
+    critic: CriticArguments = field(default_factory=CriticArguments)
+    reward_model: RewardModelArguments = field(default_factory=RewardModelArguments)
+    custom_reward_function: CustomRewardFunctionArguments = field(
+        default_factory=CustomRewardFunctionArguments
+    )
+    trainer: TrainerArguments = field(default_factory=TrainerArguments)
+    dag: DagArguments = field(default_factory=DagArguments)
+
+
+__all__ = [
+    "ActorArguments",
+    "ActorRolloutRefArguments",
+    "AlgorithmArguments",
+    "CheckpointArguments",
+    "CriticArguments",
+    "CriticModelArguments",
+    "CustomClsArguments",
+    "CustomRewardFunctionArguments",
+    "DagArguments",
+    "DataArguments",
+    "FSDPArguments",
+    "FilterGroupsArguments",
+    "KLCtrlArguments",
+    "MegatronArguments",
+    "ModelArguments",
+    "MultiTurnArguments",
+    "OptimArguments",
+    "OverlongBufferArguments",
+    "PFPPOArguments",
+    "PolicyLossArguments",
+    "RefArguments",
+    "RewardModelArguments",
+    "RewardModelModelArguments",
+    "RolloutArguments",
+    "SamplerArguments",
+    "SandboxFusionArguments",
+    "SiiRLArguments",
+    "TrainerArguments",
+    "ValKwargsArguments",
+]

@@ -1,0 +1,17 @@
+"""Schema of the siiRL-specific ``dag`` group (how the training workflow graph is built)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DagArguments:
+    """Workflow DAG: custom pipeline function or YAML workflow file, profiling."""
+
+    custom_pipeline_fn: str | None = field(
+        default=None,
+        metadata={"help": "'module:function' returning a TaskGraph; overrides workflow_type."},
+    )
+    workflow_path: str | None = field(
+        default=None, metadata={"help": "YAML workflow file describing the TaskGraph."}
+    )
+    enable_perf: bool = False

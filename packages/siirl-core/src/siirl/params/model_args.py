@@ -1,0 +1,381 @@
+"""Schema of the model-side groups: ``actor_rollout_ref``, ``critic``, ``reward_model``
+and ``custom_reward_function``.
+
+Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus the megatron and DAPO
+keys). String defaults of the form ``${...}`` are OmegaConf interpolations, resolved
+against the root config exactly as in verl.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- Shared building blocks ---
+
+
+@dataclass
+class OptimArguments:
+    """Optimizer and learning-rate schedule."""
+
+    lr: float = field(default=1e-6, metadata={"help": "Learning rate."})
+    lr_warmup_steps: int = -1  # negative: use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0
+    min_lr_ratio: float | None = 0.0
+    num_cycles: float = 0.5
+    warmup_style: str = "constant"
+    # Newer verl name for warmup_style; follows it unless set explicitly.
+    lr_scheduler_type: str = "${.warmup_style}"
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    total_training_steps: int = -1  # injected at runtime
+
+
+@dataclass
+class FSDPArguments:
+    """FSDP wrapping, sharding and CPU offload settings."""
+
+    wrap_policy: dict[str, Any] = field(default_factory=lambda: {"min_num_params": 0})
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    offload_policy: bool = False  # fsdp2 only
+    reshard_after_forward: bool = True  # fsdp2 only
+    forward_prefetch: bool = False
+    fsdp_size: int = -1
+    model_dtype: str | None = None
+
+
+@dataclass
+class MegatronArguments:
+    """Megatron-LM parallelism and offload settings (strategy=megatron)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    seed: int = 42
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    use_mbridge: bool = False
+
+
+@dataclass
+class CheckpointArguments:
+    """What to save/load in actor or critic checkpoints."""
+
+    contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    save_contents: list[str] = "${.contents}"
+    load_contents: list[str] = "${.save_contents}"
+
+
+# --- actor_rollout_ref ---
+
+
+@dataclass
+class ModelArguments:
+    """Policy model: HF path, remote code, padding removal, LoRA, kernels."""
+
+    path: str = field(
+        default="~/models/deepseek-llm-7b-chat",
+        metadata={"help": "HF hub id or local path of the policy model."},
+    )
+    custom_chat_template: str | None = None
+    use_shm: bool = False
+    external_lib: str | None = None
+    override_config: dict[str, Any] = field(default_factory=dict)
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = False
+    lora_rank: int = 0  # >0 enables LoRA
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"  # str or list of module names
+    exclude_modules: str | None = None
+    use_liger: bool = False
+    use_fused_kernels: bool = False
+    fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
+    trust_remote_code: bool = False
+
+
+@dataclass
+class PolicyLossArguments:
+    """Policy-loss variant (vanilla PPO clip, clip-cov, kl-cov) and its knobs."""
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class ActorArguments:
+    """Actor training: PPO batch sizes, clipping, KL/entropy loss, optimizer, sharding."""
+
+    strategy: str = field(
+        default="fsdp", metadata={"help": "Training backend: fsdp, fsdp2 or megatron."}
+    )
+    ppo_mini_batch_size: int = field(
+        default=256, metadata={"help": "Prompts per PPO mini-batch (before rollout.n)."}
+    )
+    ppo_micro_batch_size: int | None = None  # deprecated
+    ppo_micro_batch_size_per_gpu: int | None = field(
+        default=None, metadata={"help": "Samples per forward/backward pass per GPU."}
+    )
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip lower bound
+    policy_loss: PolicyLossArguments = field(default_factory=PolicyLossArguments)
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = field(
+        default=False, metadata={"help": "Add a KL(actor||ref) loss term (GRPO style)."}
+    )
+    use_torch_compile: bool = True
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+    checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
+    optim: OptimArguments = field(default_factory=OptimArguments)
+    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
+    megatron: MegatronArguments = field(default_factory=MegatronArguments)
+
+
+@dataclass
+class RefArguments:
+    """Frozen reference policy used for KL: log-prob batch sizes and sharding."""
+
+    strategy: str = "${actor_rollout_ref.actor.strategy}"
+    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
+    megatron: MegatronArguments = field(default_factory=MegatronArguments)
+    use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"
+    log_prob_micro_batch_size: int | None = None  # deprecated
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
+    ulysses_sequence_parallel_size: int = (
+        "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"
+    )
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+
+
+@dataclass
+class ValKwargsArguments:
+    """Sampling parameters used during validation."""
+
+    top_k: int = -1
+    top_p: float = 1.0
+    temperature: float = 0.0
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class MultiTurnArguments:
+    """Multi-turn / tool-calling rollout settings."""
+
+    enable: bool = False
+    max_turns: int | None = None
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    tool_config_path: str | None = None
+    interaction_config_path: str | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+    format: str = "hermes"
+
+
+@dataclass
+class RolloutArguments:
+    """Rollout engine: sampling settings, group size n, validation sampling."""
+
+    name: str = field(
+        default="hf", metadata={"help": "Rollout engine: hf (built-in sampler), vllm, sglang."}
+    )
+    mode: str = "sync"  # sync | async
+    chat_scheduler: str | None = None
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_k: int = -1  # -1 disables top-k
+    top_p: float = 1.0
+    use_fire_sampling: bool = False
+    prompt_length: int = "${data.max_prompt_length}"
+    response_length: int = "${data.max_response_length}"
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    ignore_eos: bool = False
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    load_format: str = "dummy_dtensor"
+    layered_summon: bool = False
+    tensor_model_parallel_size: int = field(
+        default=1, metadata={"help": "Tensor-parallel size of the inference engine."}
+    )
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    max_num_seqs: int = 1024
+    log_prob_micro_batch_size: int | None = None  # deprecated
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
+    disable_log_stats: bool = True
+    enable_chunked_prefill: bool = True
+    do_sample: bool = True
+    n: int = field(default=1, metadata={"help": "Responses sampled per prompt (group size)."})
+    calculate_log_probs: bool = False
+    multi_stage_wake_up: bool = False
+    update_weights_bucket_megabytes: int = 512
+    engine_kwargs: dict[str, Any] = field(
+        default_factory=lambda: {
+            "vllm": {"swap_space": None},
+            "sglang": {"attention_backend": None},
+        }
+    )
+    val_kwargs: ValKwargsArguments = field(default_factory=ValKwargsArguments)
+    multi_turn: MultiTurnArguments = field(default_factory=MultiTurnArguments)
+
+
+@dataclass
+class ActorRolloutRefArguments:
+    """Policy model with its actor (trainer), reference and rollout (generator) roles."""
+
+    hybrid_engine: bool = True
+    model: ModelArguments = field(default_factory=ModelArguments)
+    actor: ActorArguments = field(default_factory=ActorArguments)
+    ref: RefArguments = field(default_factory=RefArguments)
+    rollout: RolloutArguments = field(default_factory=RolloutArguments)
+
+
+# --- critic ---
+
+
+@dataclass
+class CriticModelArguments:
+    """Value model: path, tokenizer and sharding."""
+
+    path: str = "~/models/deepseek-llm-7b-chat"
+    tokenizer_path: str = "${actor_rollout_ref.model.path}"
+    override_config: dict[str, Any] = field(default_factory=dict)
+    external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = False
+    trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
+
+
+@dataclass
+class CriticArguments:
+    """Critic (value function) for GAE-style estimators: model, optimizer, PPO batches."""
+
+    enable: bool | None = None  # None: decided by algorithm.adv_estimator
+    rollout_n: int = "${actor_rollout_ref.rollout.n}"
+    strategy: str = "fsdp"
+    optim: OptimArguments = field(
+        default_factory=lambda: OptimArguments(lr=1e-5, min_lr_ratio=None)
+    )
+    model: CriticModelArguments = field(default_factory=CriticModelArguments)
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"
+    ppo_micro_batch_size: int | None = None  # deprecated
+    ppo_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size: int | None = "${critic.ppo_micro_batch_size}"
+    forward_micro_batch_size_per_gpu: int | None = "${critic.ppo_micro_batch_size_per_gpu}"
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"
+    ulysses_sequence_parallel_size: int = 1
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
+    checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
+    megatron: MegatronArguments = field(default_factory=MegatronArguments)
+
+
+# --- reward_model / custom_reward_function ---
+
+
+@dataclass
+class RewardModelModelArguments:
+    """Model-based reward: RM path, input tokenizer and sharding."""
+
+    input_tokenizer: str | None = "${actor_rollout_ref.model.path}"
+    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
+    external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
+    use_remove_padding: bool = False
+    use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"
+    trust_remote_code: bool = False
+    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
+
+
+@dataclass
+class SandboxFusionArguments:
+    """Remote code-execution sandbox used by code reward functions."""
+
+    url: str | None = None
+    max_concurrent: int = 64
+    memory_limit_mb: int = 1024
+
+
+@dataclass
+class OverlongBufferArguments:
+    """DAPO soft overlong punishment for responses near the length limit."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 0.0
+    log: bool = False
+
+
+@dataclass
+class RewardModelArguments:
+    """Reward computation: reward manager, optional reward model, DAPO overlong buffer."""
+
+    enable: bool = False
+    strategy: str = "fsdp"
+    model: RewardModelModelArguments = field(default_factory=RewardModelModelArguments)
+    micro_batch_size: int | None = None  # deprecated
+    micro_batch_size_per_gpu: int | None = None
+    max_length: int | None = None
+    ulysses_sequence_parallel_size: int = 1
+    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
+    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
+    reward_manager: str = field(
+        default="naive", metadata={"help": "Reward manager: naive, batch, prime, dapo."}
+    )
+    launch_reward_fn_async: bool = False
+    sandbox_fusion: SandboxFusionArguments = field(default_factory=SandboxFusionArguments)
+    overlong_buffer: OverlongBufferArguments = field(default_factory=OverlongBufferArguments)
+    megatron: MegatronArguments = field(default_factory=MegatronArguments)
+
+
+@dataclass
+class CustomRewardFunctionArguments:
+    """User reward function: Python file path, function name and extra kwargs."""
+
+    path: str | None = field(
+        default=None, metadata={"help": "Python file defining the reward function."}
+    )
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)

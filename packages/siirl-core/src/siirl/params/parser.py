@@ -1,0 +1,158 @@
+"""Build the run's configuration: schema defaults <- preset YAML <- ``key=value`` overrides.
+
+The schema is the ``SiiRLArguments`` dataclass tree (Hydra structured config). Overrides use
+Hydra's grammar (``a.b=1``, ``a.list=[x,y]``, ``+a.free_form_dict.k=v``, ``~a.b``). Every
+mistake (unknown key, wrong type, bad YAML) becomes a ``ConfigError`` naming the dotted key
+and, when one is close, the key the user probably meant. Nothing heavy (torch, engines) is
+imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from siirl.errors import ConfigError
+from siirl.params import SiiRLArguments
+
+SCHEMA_NAME = "siirl_config"
+
+
+def register_with_hydra() -> None:
+    """Store the schema in Hydra's ConfigStore, for users composing with ``@hydra.main``."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=SiiRLArguments)
+
+
+def schema_paths(node=None, prefix: str = "") -> List[str]:
+    """Every dotted key of the schema, groups included."""
+    node = SiiRLArguments if node is None else node
+    paths = []
+    for f in dataclasses.fields(node):
+        path = f"{prefix}{f.name}"
+        paths.append(path)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            paths.extend(schema_paths(type(default), path + "."))
+    return paths
+
+
+def suggest(key: str) -> str:
+    """' (did you mean X?)' for a close schema key, or ''."""
+    # Never suggest a group that already contains the key ("trainer" for "trainer.foo").
+    paths = [p for p in schema_paths() if not key.startswith(p + ".")]
+    close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
+    if not close:  # a short or misplaced key: "rollout.n" for "actor_rollout_ref.rollout.n"
+        close = [p for p in paths if p.endswith("." + key)][:1]
+    if not close:
+        leaf = key.rsplit(".", 1)[-1]
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        siblings = [p for p in paths if p.rsplit(".", 1)[0] == parent] if parent else paths
+        near = difflib.get_close_matches(leaf, [p.rsplit(".", 1)[-1] for p in siblings],
+                                         n=1, cutoff=0.6)
+        close = [f"{parent}.{near[0]}" if parent else near[0]] if near else []
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _error_for(exc: OmegaConfBaseException, origin: str, fallback_key: str = "") -> ConfigError:
+    key = getattr(exc, "full_key", None) or fallback_key
+    kind = type(exc).__name__
+    if kind in ("ConfigKeyError", "ConfigAttributeError"):
+        return ConfigError(f"unknown config key '{key}' in {origin}{suggest(key)}")
+    message = str(exc).splitlines()[0]
+    return ConfigError(f"bad value for '{key}' in {origin}: {message}")
+
+
+def _load_preset(path: str) -> DictConfig:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    try:
+        loaded = OmegaConf.load(file)
+    except Exception as exc:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file '{path}' must hold a mapping of groups to keys")
+    return loaded
+
+
+def _parse_overrides(overrides: Sequence[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        if "=" not in text and not text.startswith("~"):
+            raise ConfigError(f"command-line argument '{text}' is not key=value"
+                              f"{suggest(text)}")
+        try:
+            parsed.append(parser.parse_override(text))
+        except OverrideParseException as exc:
+            raise ConfigError(f"cannot parse override '{text}': "
+                              f"{str(exc).splitlines()[0]}") from None
+    return parsed
+
+
+def _is_free_form(cfg: DictConfig, parent_key: str) -> bool:
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return isinstance(parent, DictConfig) and not dataclasses.is_dataclass(
+        OmegaConf.get_type(parent))
+
+
+def _apply_override(cfg: DictConfig, override, text: str) -> None:
+    key = override.key_or_group
+    parent_key = key.rsplit(".", 1)[0] if "." in key else ""
+    origin = f"override '{text}'"
+    if override.is_delete():
+        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            raise ConfigError(f"cannot delete unknown key '{key}'{suggest(key)}")
+        if not _is_free_form(cfg, parent_key):
+            raise ConfigError(f"cannot delete '{key}': it is part of the schema; set it to "
+                              "null instead")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        with open_dict(cfg):
+            del parent[key.rsplit(".", 1)[-1]]
+        return
+    value = override.value()
+    try:
+        if override.is_add() or override.is_force_add():
+            if not _is_free_form(cfg, parent_key):
+                raise ConfigError(f"cannot add '{key}' with '+': '{parent_key or 'the root'}' "
+                                  f"has a fixed set of keys{suggest(key)}")
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+        else:
+            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+                raise ConfigError(f"unknown config key '{key}' in {origin}{suggest(key)}")
+            OmegaConf.update(cfg, key, value, merge=True)
+    except OmegaConfBaseException as exc:
+        raise _error_for(exc, origin, key) from None
+
+
+def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = None) -> DictConfig:
+    """Schema <- ``config_file`` (a preset YAML) <- ``overrides``; returns a resolved,
+    struct-mode DictConfig (unknown keys stay errors for later writers too)."""
+    # Dataclass groups reject unknown keys by themselves; free-form dicts (override_config,
+    # reward_kwargs, ...) stay open so a preset may fill them.
+    cfg = OmegaConf.structured(SiiRLArguments)
+    if config_file:
+        try:
+            cfg = OmegaConf.merge(cfg, _load_preset(config_file))
+        except OmegaConfBaseException as exc:
+            raise _error_for(exc, f"config file '{config_file}'") from None
+    overrides = list(overrides)
+    for text, override in zip(overrides, _parse_overrides(overrides)):
+        _apply_override(cfg, override, text)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        raise _error_for(exc, "an interpolation (${...})") from None
+    OmegaConf.set_struct(cfg, True)
+    return cfg

@@ -1,0 +1,101 @@
+"""Schema of the ``algorithm`` and ``trainer`` groups.
+
+Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus DAPO's
+``algorithm.filter_groups``); siiRL-specific keys are marked as such.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class KLCtrlArguments:
+    """KL-penalty controller used when algorithm.use_kl_in_reward is set."""
+
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsArguments:
+    """DAPO dynamic sampling: drop prompt groups whose metric has zero variance."""
+
+    enable: bool = False
+    metric: str | None = None  # e.g. acc, score, seq_reward, seq_final_reward
+    max_num_gen_batches: int = 0  # <=0 means no limit
+
+
+@dataclass
+class PFPPOArguments:
+    """Preference-feedback PPO sample reweighting."""
+
+    reweight_method: str = "pow"  # pow | max_min | max_random
+    weight_pow: float = 2.0
+
+
+@dataclass
+class AlgorithmArguments:
+    """RL algorithm: advantage estimator, workflow, discounting, KL penalty, filtering."""
+
+    # Values of siirl.params.enums.AdvantageEstimator, kept as plain strings.
+    adv_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Advantage estimator: grpo, gae, rloo, reinforce_plus_plus, cpgd..."},
+    )
+    # Values of siirl.params.enums.WorkflowType, kept as plain strings.
+    workflow_type: str = field(
+        default="DEFAULT",
+        metadata={"help": "Built-in training workflow (DAG) to run, e.g. DEFAULT, DAPO."},
+    )
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"  # kl | abs | mse | low_var_kl | full
+    kl_ctrl: KLCtrlArguments = field(default_factory=KLCtrlArguments)
+    filter_groups: FilterGroupsArguments = field(default_factory=FilterGroupsArguments)
+    use_pf_ppo: bool = False
+    pf_ppo: PFPPOArguments = field(default_factory=PFPPOArguments)
+    weight_factor_in_cpgd: str = "STD_weight"  # siiRL: CPGD weighting scheme
+
+
+@dataclass
+class TrainerArguments:
+    """Training loop: epochs, cluster size, logging, validation and checkpointing."""
+
+    balance_batch: bool = True
+    total_epochs: int = field(default=30, metadata={"help": "Number of passes over train data."})
+    total_training_steps: int | None = None
+    project_name: str = field(
+        default="siirl_examples", metadata={"help": "Project name for loggers and checkpoints."}
+    )
+    experiment_name: str = field(
+        default="gsm8k", metadata={"help": "Run name for loggers and checkpoints."}
+    )
+    logger: list[str] = field(
+        default_factory=lambda: ["console"],
+        metadata={"help": "Metric loggers, e.g. [console,wandb,tensorboard]."},
+    )
+    log_val_generations: int = 0
+    rollout_data_dir: str | None = None
+    validation_data_dir: str | None = None
+    nnodes: int = field(default=1, metadata={"help": "Number of nodes."})
+    n_gpus_per_node: int = field(
+        default=1, metadata={"help": "Workers (GPUs) per node; siiRL default is one worker."}
+    )
+    device: str = "auto"  # siiRL: auto | cuda | npu | cpu
+    save_freq: int = field(default=-1, metadata={"help": "Checkpoint every N steps (-1 disables)."})
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: str | None = None
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = field(default=-1, metadata={"help": "Validate every N steps (-1 disables)."})
+    critic_warmup: int = 0
+    default_hdfs_dir: str | None = None
+    del_local_ckpt_after_load: bool = False
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    ray_wait_register_center_timeout: int = 300
+    seed: int = 1  # siiRL: global random seed

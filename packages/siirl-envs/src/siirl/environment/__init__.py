@@ -1,0 +1,1 @@
+"""siirl-envs: agentic and embodied environments, registered under ``siirl.environments``."""
