@@ -5,6 +5,8 @@ import warnings
 
 import pytest
 import torch
+from tensordict import TensorDict
+
 from siirl.data_coordinator import (
     batch_num_tokens,
     chunk,
@@ -21,7 +23,6 @@ from siirl.data_coordinator import (
     tensor_keys,
 )
 from siirl.errors import DataError, SiirlError
-from tensordict import TensorDict
 
 
 def _batch(b=4, offset=0):

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
+
 from siirl import params
 from siirl.params import SiiRLArguments
 

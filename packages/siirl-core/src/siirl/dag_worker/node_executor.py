@@ -9,8 +9,13 @@ from typing import Any, Callable, Dict
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.errors import PipelineError, SiirlError
-from siirl.execution.dag.func_ref import (FUNCTION, INSTANCE_METHOD, WORKER_METHOD, FuncTarget,
-                                          resolve_ref)
+from siirl.execution.dag.func_ref import (
+    FUNCTION,
+    INSTANCE_METHOD,
+    WORKER_METHOD,
+    FuncTarget,
+    resolve_ref,
+)
 from siirl.execution.dag.node import Node
 
 

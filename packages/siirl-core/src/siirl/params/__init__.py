@@ -32,6 +32,7 @@ from siirl.params.model_args import (
 )
 from siirl.params.training_args import (
     AlgorithmArguments,
+    EmbodiedSamplingArguments,
     FilterGroupsArguments,
     KLCtrlArguments,
     PFPPOArguments,
@@ -59,6 +60,7 @@ __all__ = [
     "ActorArguments",
     "ActorRolloutRefArguments",
     "AlgorithmArguments",
+    "EmbodiedSamplingArguments",
     "CheckpointArguments",
     "CriticArguments",
     "CriticModelArguments",

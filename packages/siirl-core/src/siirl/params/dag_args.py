@@ -14,4 +14,9 @@ class DagArguments:
     workflow_path: str | None = field(
         default=None, metadata={"help": "YAML workflow file describing the TaskGraph."}
     )
+    pipeline: str | None = field(
+        default=None,
+        metadata={"help": "Name of a workflow registered in the 'siirl.pipelines' entry-point "
+                          "group (after custom_pipeline_fn and workflow_path)."},
+    )
     enable_perf: bool = False

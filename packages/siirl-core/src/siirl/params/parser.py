@@ -148,7 +148,7 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
         except OmegaConfBaseException as exc:
             raise _error_for(exc, f"config file '{config_file}'") from None
     overrides = list(overrides)
-    for text, override in zip(overrides, _parse_overrides(overrides)):
+    for text, override in zip(overrides, _parse_overrides(overrides), strict=True):
         _apply_override(cfg, override, text)
     try:
         OmegaConf.resolve(cfg)

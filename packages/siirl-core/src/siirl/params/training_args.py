@@ -27,6 +27,16 @@ class FilterGroupsArguments:
 
 
 @dataclass
+class EmbodiedSamplingArguments:
+    """Embodied GRPO/SRPO: keep task groups whose success rate lies within the bounds."""
+
+    filter_accuracy: bool = True
+    accuracy_lower_bound: float = 0.1
+    accuracy_upper_bound: float = 0.9
+    metric: str = "complete"  # per-episode success field (0/1)
+
+
+@dataclass
 class PFPPOArguments:
     """Preference-feedback PPO sample reweighting."""
 
@@ -38,15 +48,15 @@ class PFPPOArguments:
 class AlgorithmArguments:
     """RL algorithm: advantage estimator, workflow, discounting, KL penalty, filtering."""
 
-    # Values of siirl.params.enums.AdvantageEstimator, kept as plain strings.
+    # Values of siirl.execution.scheduler.enums.AdvantageEstimator, kept as plain strings.
     adv_estimator: str = field(
         default="grpo",
         metadata={"help": "Advantage estimator: grpo, gae, rloo, reinforce_plus_plus, cpgd..."},
     )
-    # Values of siirl.params.enums.WorkflowType, kept as plain strings.
+    # Values of siirl.execution.scheduler.enums.WorkflowType, kept as plain strings.
     workflow_type: str = field(
         default="DEFAULT",
-        metadata={"help": "Built-in training workflow (DAG) to run, e.g. DEFAULT, DAPO."},
+        metadata={"help": "Built-in workflow: DEFAULT (GRPO, or PPO with gae), DAPO, EMBODIED."},
     )
     gamma: float = 1.0
     lam: float = 1.0
@@ -55,6 +65,8 @@ class AlgorithmArguments:
     kl_penalty: str = "kl"  # kl | abs | mse | low_var_kl | full
     kl_ctrl: KLCtrlArguments = field(default_factory=KLCtrlArguments)
     filter_groups: FilterGroupsArguments = field(default_factory=FilterGroupsArguments)
+    embodied_sampling: EmbodiedSamplingArguments = field(
+        default_factory=EmbodiedSamplingArguments)
     use_pf_ppo: bool = False
     pf_ppo: PFPPOArguments = field(default_factory=PFPPOArguments)
     weight_factor_in_cpgd: str = "STD_weight"  # siiRL: CPGD weighting scheme

@@ -17,9 +17,10 @@ import uuid
 from collections.abc import Sequence
 
 import torch
-from siirl.errors import DataError
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from tensordict.utils import is_non_tensor
+
+from siirl.errors import DataError
 
 __all__ = [
     "batch_num_tokens",

@@ -49,7 +49,7 @@ class Pipeline:
         node_type: Union[NodeType, str] = NodeType.COMPUTE,
         node_role: Union[NodeRole, str] = NodeRole.DEFAULT,
         only_forward_compute: bool = False,
-    ) -> "Pipeline":
+    ) -> Pipeline:
         """Add a node; ``func`` is ``"module:function"``, ``"module:Class.method"`` or a
         callable. Without ``func`` the DAGWorker method for the node's type and role is used
         (``DEFAULT_FUNCS``)."""

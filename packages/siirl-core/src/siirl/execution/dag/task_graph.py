@@ -19,13 +19,13 @@ class TaskGraph:
         self.adj: Dict[str, List[str]] = {}
         self.rev_adj: Dict[str, List[str]] = {}
 
-    def add_node(self, node: Node) -> "TaskGraph":
+    def add_node(self, node: Node) -> TaskGraph:
         if node.node_id in self.nodes:
             raise PipelineError(f"graph '{self.graph_id}': duplicate node id '{node.node_id}'")
         self.nodes[node.node_id] = node
         return self
 
-    def add_nodes(self, nodes: List[Node]) -> "TaskGraph":
+    def add_nodes(self, nodes: List[Node]) -> TaskGraph:
         for node in nodes:
             self.add_node(node)
         return self
@@ -114,7 +114,7 @@ class TaskGraph:
     def get_exit_nodes(self) -> List[str]:
         return [n for n in self.get_execution_order() if not self.adj[n]]
 
-    def copy(self, graph_id: Optional[str] = None) -> "TaskGraph":
+    def copy(self, graph_id: Optional[str] = None) -> TaskGraph:
         clone = TaskGraph(graph_id or self.graph_id, self.description)
         for node in self.nodes.values():
             clone.add_node(Node(node.node_id, node.node_type, node.node_role,
@@ -125,8 +125,9 @@ class TaskGraph:
 
     def structure(self) -> List[tuple]:
         """A comparable summary: (id, type, role, deps, func ref) per node, in order."""
+        ordered = (self.nodes[node_id] for node_id in self.get_execution_order())
         return [(n.node_id, n.node_type, n.node_role, tuple(n.dependencies), n.executable_ref,
-                 n.only_forward_compute) for n in (self.nodes[i] for i in self.get_execution_order())]
+                 n.only_forward_compute) for n in ordered]
 
     def __eq__(self, other) -> bool:
         return isinstance(other, TaskGraph) and self.structure() == other.structure()

@@ -15,7 +15,8 @@ from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 
 
 def num_workers(config: Any) -> int:
-    return int(select(config, "trainer.nnodes", 1)) * int(select(config, "trainer.n_gpus_per_node", 1))
+    nodes = int(select(config, "trainer.nnodes", 1))
+    return nodes * int(select(config, "trainer.n_gpus_per_node", 1))
 
 
 def launch(config: Any, plan: List[WorkerAssignment]) -> list:
