@@ -89,6 +89,7 @@ def register(group: str, name: str) -> Callable[[Any], Any]:
 
 
 def unregister(group: str, name: str) -> None:
+    _check_group(group)
     _LOCAL[group].pop(name, None)
 
 
@@ -111,7 +112,7 @@ def load_plugin(group: str, name: str, what: Optional[str] = None) -> Any:
     ep = eps[name]
     try:
         return ep.load()
-    except ImportError as exc:
+    except (ImportError, AttributeError) as exc:
         dist = ep.dist.name if ep.dist is not None else "its package"
         raise PluginNotFoundError(
             f"plugin '{name}' in group '{group}'{asked} is registered by {dist} but cannot "

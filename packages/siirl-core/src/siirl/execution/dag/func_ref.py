@@ -64,8 +64,9 @@ def resolve_ref(ref: str, where: str) -> FuncTarget:
     obj: Any = module
     for part in parts:
         if not hasattr(obj, part):
+            kind = "class" if inspect.isclass(obj) else "object"
             holder = f"module '{module_name}'" if obj is module else \
-                f"class '{module_name}:{obj.__name__}'"
+                f"{kind} '{module_name}:{getattr(obj, '__name__', type(obj).__name__)}'"
             raise PipelineError(f"{where}: {holder} has no attribute '{part}' "
                                 f"(func '{ref}')")
         if inspect.isclass(obj):

@@ -55,7 +55,8 @@ class Pipeline:
         (``DEFAULT_FUNCS``)."""
         if node_id in self._nodes:
             raise PipelineError(f"pipeline '{self.pipeline_id}': duplicate node id '{node_id}'")
-        node = Node(node_id, node_type, node_role, list(deps or []),
+        deps = [deps] if isinstance(deps, str) else list(deps or [])
+        node = Node(node_id, node_type, node_role, deps,
                     only_forward_compute=bool(only_forward_compute))
         if func is None:
             func = default_func_for(node)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from typing import Dict, List, Optional
 
 from siirl.errors import PipelineError
@@ -64,19 +64,23 @@ class TaskGraph:
         self.get_execution_order()  # raises on a cycle
 
     def get_execution_order(self) -> List[str]:
-        """Topological order (Kahn); ties keep insertion order so runs are reproducible."""
+        """Topological order (Kahn); among ready nodes the one added first runs first, so
+        runs are reproducible."""
         if len(self.adj) != len(self.nodes):
             self.build_adjacency_lists()
+        position = {node_id: i for i, node_id in enumerate(self.nodes)}
         indegree = {node_id: len(self.rev_adj[node_id]) for node_id in self.nodes}
-        ready = deque(node_id for node_id in self.nodes if indegree[node_id] == 0)
+        ready = [position[n] for n in self.nodes if indegree[n] == 0]
+        heapq.heapify(ready)
+        names = list(self.nodes)
         order: List[str] = []
         while ready:
-            node_id = ready.popleft()
+            node_id = names[heapq.heappop(ready)]
             order.append(node_id)
             for child in self.adj[node_id]:
                 indegree[child] -= 1
                 if indegree[child] == 0:
-                    ready.append(child)
+                    heapq.heappush(ready, position[child])
         if len(order) != len(self.nodes):
             raise PipelineError(f"graph '{self.graph_id}' has a cycle through nodes: "
                                 f"{', '.join(self._cycle())}")

@@ -1,0 +1,34 @@
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``."""
+
+import nox
+
+PACKAGES = ["packages/siirl-data", "packages/siirl-core", "packages/siirl-engine",
+            "packages/siirl-envs"]
+nox.options.sessions = ["lint", "tests"]
+
+
+def _install_torch(session: nox.Session) -> None:
+    # Pinned and first: an unpinned torch from another package's range pulls CUDA wheels.
+    session.install("torch==2.13.0")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package)
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "packages", "tests", "tools", "noxfile.py")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the four wheels and sdists into dist/; install each alone in a clean venv."""
+    session.install("build")
+    session.run("python", "tools/check_wheels.py", *session.posargs)

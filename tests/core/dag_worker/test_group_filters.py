@@ -1,0 +1,106 @@
+"""DAPO dynamic sampling and the embodied success-rate filter."""
+
+import pytest
+import torch
+
+from siirl.data_coordinator.protocol import get_non_tensor, make_batch
+from siirl.errors import DataError
+from siirl.user_interface.filter_interface.dapo import dynamic_sampling
+from siirl.user_interface.filter_interface.embodied import embodied_local_rank_sampling
+
+ENABLED = {"algorithm": {"filter_groups": {"enable": True}}}
+
+
+def _dapo_batch():
+    # groups: g1 all right, g2 mixed, g3 all wrong, g4 a single sample
+    uids = ["g1", "g1", "g2", "g2", "g3", "g3", "g4"]
+    acc = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    rewards = torch.zeros(7, 3)
+    rewards[:, -1] = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    rewards[1, 0] = 0.5  # g1 has different final rewards
+    return make_batch({"acc": acc, "token_level_rewards": rewards,
+                       "row": torch.arange(7)}, {"uid": uids})
+
+
+def test_dapo_metric_field_drops_zero_variance_groups():
+    config = {"algorithm": {"filter_groups": {"enable": True, "metric": "acc"}}}
+    out = dynamic_sampling(_dapo_batch(), config)
+    assert get_non_tensor(out.batch, "uid") == ["g2", "g2", "g4"]
+    assert out.batch["row"].tolist() == [2, 3, 6]
+    assert out.metrics == {"dynamic_sampling/total": 4.0, "dynamic_sampling/kept": 2.0,
+                           "dynamic_sampling/kept_ratio": 0.5}
+
+
+def test_dapo_default_metric_is_seq_final_reward():
+    out = dynamic_sampling(_dapo_batch(), ENABLED)
+    # final rewards: g1 [1.5, 1.0] varies, g2 [1, 0] varies, g3 [0, 0] does not
+    assert get_non_tensor(out.batch, "uid") == ["g1", "g1", "g2", "g2", "g4"]
+    assert out.metrics["dynamic_sampling/kept"] == 3.0
+
+
+def test_dapo_disabled_passes_everything():
+    batch = _dapo_batch()
+    for config in (None, {"algorithm": {"filter_groups": {"enable": False, "metric": "acc"}}}):
+        out = dynamic_sampling(batch, config)
+        assert out.batch is batch
+        assert out.metrics["dynamic_sampling/total"] == 4.0
+
+
+def test_dapo_all_groups_dropped_gives_empty_batch():
+    batch = make_batch({"token_level_rewards": torch.ones(4, 2)}, {"uid": ["a", "a", "b", "b"]})
+    out = dynamic_sampling(batch, ENABLED)
+    assert out.batch.batch_size == torch.Size([0])
+    assert out.metrics["dynamic_sampling/kept_ratio"] == 0.0
+
+
+def test_dapo_non_tensor_metric():
+    batch = make_batch({"x": torch.arange(4)},
+                       {"uid": ["a", "a", "b", "b"], "score_list": [1, 1, 0, 1]})
+    config = {"algorithm": {"filter_groups": {"enable": True, "metric": "score_list"}}}
+    assert dynamic_sampling(batch, config).batch["x"].tolist() == [2, 3]
+
+
+def test_dapo_missing_metric_field():
+    config = {"algorithm": {"filter_groups": {"enable": True, "metric": "nonexistent"}}}
+    with pytest.raises(DataError, match="nonexistent"):
+        dynamic_sampling(_dapo_batch(), config)
+
+
+def _embodied_batch():
+    complete = [1, 1, 1, 1,  # mean 1.0: dropped
+                1, 0, 0, 0,  # 0.25: kept
+                0, 0, 0, 0,  # 0.0: dropped
+                1, 1, 0, 0]  # 0.5: kept
+    uids = [f"t{i // 4}" for i in range(16)]
+    return make_batch({"complete": torch.tensor(complete, dtype=torch.bool),
+                       "row": torch.arange(16)}, {"uid": uids})
+
+
+def test_embodied_keeps_groups_inside_bounds():
+    out = embodied_local_rank_sampling(_embodied_batch(), None)
+    assert get_non_tensor(out.batch, "uid") == ["t1"] * 4 + ["t3"] * 4
+    assert out.batch["row"].tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert out.metrics["embodied_sampling/total"] == 4.0
+    assert out.metrics["embodied_sampling/kept"] == 2.0
+    assert out.metrics["embodied_sampling/success_rate"] == pytest.approx(7 / 16)
+
+
+def test_embodied_bounds_are_inclusive():
+    complete = [1] + [0] * 9 + [1] * 9 + [0]  # group means 0.1 and 0.9
+    uids = ["low"] * 10 + ["high"] * 10
+    batch = make_batch({"complete": torch.tensor(complete, dtype=torch.float32)},
+                       {"uid": uids})
+    out = embodied_local_rank_sampling(batch, {})
+    assert out.batch.batch_size == torch.Size([20])
+
+
+def test_embodied_custom_bounds_and_disable():
+    config = {"algorithm": {"embodied_sampling": {"accuracy_lower_bound": 0.0,
+                                                  "accuracy_upper_bound": 0.3}}}
+    out = embodied_local_rank_sampling(_embodied_batch(), config)
+    assert get_non_tensor(out.batch, "uid") == ["t1"] * 4 + ["t2"] * 4
+
+    batch = _embodied_batch()
+    off = {"algorithm": {"embodied_sampling": {"filter_accuracy": False}}}
+    out = embodied_local_rank_sampling(batch, off)
+    assert out.batch is batch and out.metrics["embodied_sampling/kept"] == 2.0
