@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+
 from siirl.dag_worker.dagworker import DAGWorker
 from siirl.data_coordinator.protocol import make_batch
 from siirl.execution.dag.builtin_pipelines import grpo_pipeline

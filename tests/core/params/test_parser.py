@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
+
 from siirl.errors import ConfigError
 from siirl.params.parser import parse_config, register_with_hydra, schema_paths, suggest
 
