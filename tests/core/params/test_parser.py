@@ -92,7 +92,9 @@ def test_preset_merge_and_errors(tmp_path):
 
 def test_result_is_struct_mode():
     cfg = parse_config([])
-    with pytest.raises(Exception):
+    from omegaconf.errors import ConfigAttributeError
+
+    with pytest.raises(ConfigAttributeError):
         cfg.trainer.not_a_key = 1
 
 
