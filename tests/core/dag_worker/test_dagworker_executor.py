@@ -1,12 +1,15 @@
 """DAGWorker on COMPUTE-only graphs: data flow, merging, metrics, binding, errors."""
 
+import json
+
 import pytest
 import siirl_dagworker_helpers as h
 import torch
 
-from siirl.dag_worker.dagworker import DAGWorker, run_steps
+from siirl.dag_worker.dagworker import DAGWorker
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
 from siirl.dag_worker.node_executor import NodeExecutionError
+from siirl.dag_worker.trainer_loop import Trainer
 from siirl.data_coordinator.protocol import make_batch
 from siirl.errors import DataError, PipelineError, SiirlError
 from siirl.execution.dag.node import Node
@@ -143,7 +146,8 @@ def test_metrics_reset_between_steps():
         return NodeOutput(batch=batch, metrics={"once/flag": 1} if len(calls) == 1 else {})
 
     worker = DAGWorker(_graph(("src", M + "source", []), ("once", once, ["src"])))
-    first, second = run_steps(worker, 2)
+    first = worker.execute_task_graph().metrics
+    second = worker.execute_task_graph().metrics
     assert first["once/flag"] == 1.0
     assert "once/flag" not in second
     assert set(second) == {"timing_s/src", "timing_s/once", "timing_s/step"}
@@ -197,7 +201,8 @@ def test_instance_method_class_built_once_per_worker():
     graph = _graph(("src", M + "source", []), ("c1", M + "Stateful.count", ["src"]),
                    ("c2", M + "Stateful.count_again", ["c1"]))
     worker = DAGWorker(graph)
-    run_steps(worker, 3)
+    for _ in range(3):
+        worker.execute_task_graph()
     assert h.Stateful.instances == 1
     seen = _calls("stateful")
     assert len(seen) == 6
@@ -255,27 +260,24 @@ def test_kwargs_are_filtered_by_signature():
 
 # ---- steps -----------------------------------------------------------------------------
 
-def test_run_steps_counts_and_feeds_batches():
+def test_trainer_runs_steps_and_logs_each(tmp_path):
     graph = _graph(("src", M + "source", []), ("plus", M + "add_one", ["src"]))
-    worker = DAGWorker(graph, rank=1, world_size=2)
-    batches = [make_batch({"x": torch.tensor([float(i)])}) for i in range(3)]
-    seen = []
-    history = run_steps(worker, 3, batch_source=batches,
-                        on_step=lambda step, metrics: seen.append((step, metrics)))
+    config = {"trainer": {"total_training_steps": 3, "default_local_dir": str(tmp_path),
+                          "logger": [], "save_freq": -1, "test_freq": -1}}
+    worker = DAGWorker(graph, config, rank=1, world_size=2)
+    history = Trainer(worker).fit()
     assert worker.global_step == 3
-    assert len(history) == 3 and all("timing_s/step" in m for m in history)
-    assert [step for step, _ in seen] == [1, 2, 3]
-    assert [m for _, m in seen] == history
-    assert _calls("source") == batches
-
-    h.CALLS.clear()
-    assert len(run_steps(worker, 2)) == 2
-    assert worker.global_step == 5
-    assert _calls("source") == [None, None]
+    assert [m["step"] for m in history] == [1, 2, 3]
+    assert all("timing_s/step" in m for m in history)
+    assert _calls("source") == [None, None, None]  # no dataset: entry nodes get None
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
     assert "rank=1/2" in repr(worker)
 
 
-def test_run_zero_steps():
-    worker = DAGWorker(_graph(("src", M + "source", [])))
-    assert run_steps(worker, 0) == []
+def test_zero_steps_run_nothing(tmp_path):
+    config = {"trainer": {"total_training_steps": 0, "default_local_dir": str(tmp_path),
+                          "logger": [], "val_before_train": False}}
+    worker = DAGWorker(_graph(("src", M + "source", [])), config)
+    assert Trainer(worker).fit() == []
     assert worker.global_step == 0

@@ -15,7 +15,7 @@ input on unchanged.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from siirl.dag_worker import core_algos
 from siirl.dag_worker.dag_utils import call_with_available, merge_parent_batches
@@ -43,10 +43,49 @@ class DAGWorker:
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()
+        self.tokenizer = None
+        self.train_loader = None
+        self.val_loader = None
+        # Named objects whose state must survive a resume (e.g. an adaptive KL controller):
+        # each has state_dict()/load_state_dict().
+        self.algorithm_objects: Dict[str, Any] = {}
 
     def init_engines(self) -> None:
         """Import every engine plugin the graph needs, so a missing one fails up front."""
         self.engines.resolve(roles_needed(self.taskgraph))
+
+    def setup(self) -> None:
+        """Build this worker's engines (actor first: the others share its model and
+        tokenizer) and, when the graph trains a policy, its dataloaders."""
+        from siirl.dag_worker.data_setup import build_dataloaders
+
+        roles = roles_needed(self.taskgraph)
+        self.engines.resolve(roles)
+        for role in sorted(roles, key=lambda r: r != "actor"):
+            self.engines.get(role)
+        if "actor" in roles:
+            self.tokenizer = self.engines.get("actor").tokenizer
+            self.train_loader, self.val_loader = build_dataloaders(
+                self.config, self.tokenizer, self.rank, self.world_size)
+
+    def can_validate(self) -> bool:
+        roles = roles_needed(self.taskgraph)
+        return "rollout" in roles and "reward" in roles
+
+    def set_total_training_steps(self, steps: int) -> None:
+        """Engines with a learning-rate schedule need the run's length."""
+        for role in roles_needed(self.taskgraph):
+            engine = self.engines.get(role)
+            if hasattr(engine, "set_total_training_steps"):
+                engine.set_total_training_steps(steps)
+
+    def algorithm_state(self) -> Dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self.algorithm_objects.items()}
+
+    def load_algorithm_state(self, state: Dict[str, Any]) -> None:
+        for name, obj in self.algorithm_objects.items():
+            if name in state:
+                obj.load_state_dict(state[name])
 
     def execute_task_graph(self, batch: Any = None) -> StepResult:
         """Run every node once in topological order; return exit outputs and step metrics."""
@@ -121,17 +160,3 @@ class DAGWorker:
     def __repr__(self) -> str:
         return f"DAGWorker(rank={self.rank}/{self.world_size}, graph={self.taskgraph.graph_id})"
 
-
-def run_steps(worker: DAGWorker, num_steps: int, batch_source: Optional[Any] = None,
-              on_step=None) -> list:
-    """Run ``num_steps`` steps; entry nodes get ``next(batch_source)`` (or None)."""
-    history = []
-    iterator = iter(batch_source) if batch_source is not None else None
-    for _ in range(num_steps):
-        worker.global_step += 1
-        batch = next(iterator) if iterator is not None else None
-        result = worker.execute_task_graph(batch)
-        history.append(result.metrics)
-        if on_step is not None:
-            on_step(worker.global_step, result.metrics)
-    return history

@@ -32,12 +32,13 @@ class DataArguments:
     use_shm: bool = False
     # str or list of str in verl, hence ``Any``.
     train_files: Any = field(
-        default="~/data/rlhf/gsm8k/train.parquet",
-        metadata={"help": "Training parquet file(s): a path or a list of paths."},
+        default=None,
+        metadata={"help": "Training parquet/jsonl file(s): a path or a list of paths "
+                          "(null: the built-in arithmetic task, written under the run dir)."},
     )
     val_files: Any = field(
-        default="~/data/rlhf/gsm8k/test.parquet",
-        metadata={"help": "Validation parquet file(s): a path or a list of paths."},
+        default=None,
+        metadata={"help": "Validation parquet/jsonl file(s) (null: built-in arithmetic task)."},
     )
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"

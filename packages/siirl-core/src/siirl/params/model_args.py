@@ -81,9 +81,10 @@ class CheckpointArguments:
 class ModelArguments:
     """Policy model: HF path, remote code, padding removal, LoRA, kernels."""
 
-    path: str = field(
-        default="~/models/deepseek-llm-7b-chat",
-        metadata={"help": "HF hub id or local path of the policy model."},
+    path: str | None = field(
+        default=None,
+        metadata={"help": "Local HF directory, a .gguf file, 'smollm2', or null for the "
+                          "built-in tiny arithmetic model."},
     )
     custom_chat_template: str | None = None
     use_shm: bool = False
@@ -270,8 +271,8 @@ class ActorRolloutRefArguments:
 class CriticModelArguments:
     """Value model: path, tokenizer and sharding."""
 
-    path: str = "~/models/deepseek-llm-7b-chat"
-    tokenizer_path: str = "${actor_rollout_ref.model.path}"
+    path: str | None = "${actor_rollout_ref.model.path}"
+    tokenizer_path: str | None = "${actor_rollout_ref.model.path}"
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
     enable_gradient_checkpointing: bool = True

@@ -20,8 +20,8 @@ def num_workers(config: Any) -> int:
 
 
 def launch(config: Any, plan: List[WorkerAssignment]) -> list:
-    from siirl.dag_worker.dagworker import DAGWorker, run_steps
-    from siirl.dag_worker.step_logger import build_step_loggers
+    from siirl.dag_worker.dagworker import DAGWorker
+    from siirl.dag_worker.trainer_loop import Trainer
 
     if len(plan) != 1:
         raise ConfigError(
@@ -29,12 +29,4 @@ def launch(config: Any, plan: List[WorkerAssignment]) -> list:
             "release runs one worker per job; set trainer.nnodes=1 trainer.n_gpus_per_node=1")
     worker = DAGWorker(plan[0].graph, config, rank=0, world_size=1)
     worker.init_engines()
-    steps = select(config, "trainer.total_training_steps")
-    if steps is None:
-        raise ConfigError("trainer.total_training_steps must be set: without a dataset "
-                          "(data.train_files) there is no epoch to count steps by")
-    loggers = build_step_loggers(config)
-    try:
-        return run_steps(worker, int(steps), on_step=loggers.log)
-    finally:
-        loggers.close()
+    return Trainer(worker).fit()

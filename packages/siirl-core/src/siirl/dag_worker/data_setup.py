@@ -1,0 +1,59 @@
+"""Each worker's dataloaders: its own shard of the training set, and the validation set.
+
+With ``data.train_files``/``data.val_files`` unset, the built-in arithmetic task is written
+as parquet under ``<trainer.default_local_dir>/data/`` (once) and read from there, so the
+default job shows users the dataset format it expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE = 2000, 200
+
+
+def resolve_data_files(config: Any) -> Tuple[Any, Any]:
+    train, val = select(config, "data.train_files"), select(config, "data.val_files")
+    if train is not None and val is not None:
+        return train, val
+    from siirl.data_coordinator.tasks.arithmetic import make_splits, write_parquet
+
+    directory = Path(str(select(config, "trainer.default_local_dir", "."))) / "data"
+    train_path, val_path = directory / "train.parquet", directory / "val.parquet"
+    if not (train_path.exists() and val_path.exists()):
+        directory.mkdir(parents=True, exist_ok=True)
+        seed = int(select(config, "data.seed", 1))
+        train_rows, val_rows = make_splits(BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE, seed=seed)
+        write_parquet(train_rows, str(train_path))  # val problems never appear in train
+        write_parquet(val_rows, str(val_path))
+    return (train if train is not None else str(train_path),
+            val if val is not None else str(val_path))
+
+
+def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
+                      ) -> Tuple[Any, Optional[Any]]:
+    from siirl.data_coordinator.dataloader import PartitionedDataset, StatefulDataLoader
+
+    train_files, val_files = resolve_data_files(config)
+    data_cfg = select(config, "data")
+    global_batch = int(select(config, "data.train_batch_size", 1))
+    if global_batch % world_size:
+        raise ConfigError(f"data.train_batch_size={global_batch} must be divisible by the "
+                          f"number of workers ({world_size})")
+    train_set = PartitionedDataset(train_files, tokenizer, data_cfg, rank, world_size)
+    seed = int(select(config, "data.seed", 1))
+    train_loader = StatefulDataLoader(
+        train_set, batch_size=global_batch // world_size, pad_token_id=tokenizer.pad_token_id,
+        shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True)
+    val_loader = None
+    if val_files:
+        val_set = PartitionedDataset(val_files, tokenizer, data_cfg, rank, world_size)
+        val_batch = select(config, "data.val_batch_size") or len(val_set)
+        val_loader = StatefulDataLoader(val_set, batch_size=int(val_batch),
+                                        pad_token_id=tokenizer.pad_token_id, shuffle=False,
+                                        seed=seed, drop_last=False)
+    return train_loader, val_loader

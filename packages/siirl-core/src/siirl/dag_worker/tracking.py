@@ -1,0 +1,134 @@
+"""Metric loggers for ``trainer.logger``: console, tensorboard, wandb; ``metrics.jsonl``
+is always written under ``trainer.default_local_dir``.
+
+Every record carries ``"step"``. Files are appended and flushed per record, so a crash
+loses nothing already logged, and a resumed run continues the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Dict, List
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+# Shown in the one-line step summary, in this order, when present.
+SUMMARY_KEYS = ("critic/score/mean", "val/score/mean", "actor/pg_loss", "actor/kl_loss",
+                "actor/entropy", "actor/grad_norm", "response_length/mean", "perf/throughput",
+                "timing_s/step")
+
+
+def _finite(value: float):
+    return value if math.isfinite(value) else str(value)
+
+
+class JsonlLogger:
+    def __init__(self, directory: str):
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ConsoleLogger:
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        shown = [f"{k.split('/', 1)[-1] if k.startswith('timing') else k}={metrics[k]:.4g}"
+                 for k in SUMMARY_KEYS if k in metrics]
+        if not shown:
+            shown = [f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:8]]
+        print(f"step {step}: " + "  ".join(shown), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class TensorboardLogger:
+    def __init__(self, directory: str):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ConfigError("trainer.logger includes 'tensorboard' but the tensorboard "
+                              "package is missing: pip install tensorboard") from exc
+        self.writer = SummaryWriter(log_dir=os.path.join(directory, "tensorboard"))
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Offline unless an API key is configured, so a run never waits on the network."""
+
+    def __init__(self, config: Any, directory: str):
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ConfigError("trainer.logger includes 'wandb' but the wandb package is "
+                              "missing: pip install wandb") from exc
+        online = bool(os.environ.get("WANDB_API_KEY")) and \
+            os.environ.get("WANDB_MODE", "") != "offline"
+        from omegaconf import OmegaConf
+        self.run = wandb.init(
+            project=str(select(config, "trainer.project_name", "siirl")),
+            name=str(select(config, "trainer.experiment_name", "run")),
+            dir=directory, mode="online" if online else "offline",
+            config=OmegaConf.to_container(config, resolve=True) if config is not None else {},
+            settings=wandb.Settings(init_timeout=30, silent=True))
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Tracking:
+    """Fan one record out to every configured logger."""
+
+    def __init__(self, loggers: List[Any]):
+        self.loggers = loggers
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log(step, metrics)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
+
+
+def build_tracking(config: Any, console: bool = True) -> Tracking:
+    names = select(config, "trainer.logger", ["console"])
+    names = [names] if isinstance(names, str) else list(names)
+    known = {"console", "tensorboard", "wandb"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"trainer.logger: unknown logger(s) {unknown}; available: "
+                          f"{', '.join(sorted(known))} (metrics.jsonl is always written)")
+    directory = str(select(config, "trainer.default_local_dir", "."))
+    loggers: List[Any] = [JsonlLogger(directory)]
+    if "console" in names and console:
+        loggers.append(ConsoleLogger())
+    if "tensorboard" in names:
+        loggers.append(TensorboardLogger(directory))
+    if "wandb" in names:
+        loggers.append(WandbLogger(config, directory))
+    return Tracking(loggers)

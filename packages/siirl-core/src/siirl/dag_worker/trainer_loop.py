@@ -1,0 +1,158 @@
+"""The training loop one worker runs: steps over its dataloader, validation, checkpoints.
+
+Order within a step (kept fixed so a resumed run replays an uninterrupted one exactly):
+run the graph -> validate if due -> log -> checkpoint if due. Resuming restores engine
+state, dataloader position, RNG states and algorithm state from the newest committed
+checkpoint (``trainer.resume_mode=auto``) or ``trainer.resume_from_path``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from siirl.dag_worker.checkpoint_manager import (
+    STATEFUL_ROLES,
+    CheckpointManager,
+    rng_state,
+    set_rng_state,
+)
+from siirl.dag_worker.tracking import build_tracking
+from siirl.dag_worker.validator import validate
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def total_steps(config: Any, steps_per_epoch: Optional[int]) -> int:
+    """verl semantics: total_training_steps, when set, caps total_epochs * steps_per_epoch."""
+    explicit = select(config, "trainer.total_training_steps")
+    by_epochs = int(select(config, "trainer.total_epochs", 1)) * steps_per_epoch \
+        if steps_per_epoch else None
+    candidates = [int(n) for n in (explicit, by_epochs) if n is not None]
+    if not candidates:
+        raise ConfigError("trainer.total_training_steps must be set when the workflow reads no "
+                          "dataset")
+    return min(candidates)
+
+
+def _due(step: int, freq: Any, last: bool) -> bool:
+    freq = int(freq or -1)
+    return freq > 0 and (step % freq == 0 or last)
+
+
+def _throughput(batch: Any, seconds: float) -> Dict[str, float]:
+    if batch is None or not hasattr(batch, "keys") or "attention_mask" not in batch.keys():
+        return {}
+    tokens = float(batch["attention_mask"].sum())
+    return {"perf/total_num_tokens": tokens, "perf/throughput": tokens / max(seconds, 1e-9)}
+
+
+class Trainer:
+    def __init__(self, worker: Any):
+        self.worker = worker
+        self.config = worker.config
+        root = str(select(self.config, "trainer.default_local_dir", "."))
+        self.checkpoints = CheckpointManager(root, select(self.config,
+                                                          "trainer.max_actor_ckpt_to_keep"))
+
+    def _stateful_engines(self) -> Dict[str, Any]:
+        return {role: self.worker.engines.get(role) for role in STATEFUL_ROLES
+                if role in self.worker.engines}
+
+    def _trainer_state(self) -> Dict[str, Any]:
+        loader = self.worker.train_loader
+        return {"global_step": self.worker.global_step, "rng": rng_state(),
+                "dataloader": loader.state_dict() if loader is not None else None,
+                "algorithm": self.worker.algorithm_state()}
+
+    def _maybe_resume(self) -> bool:
+        mode = str(select(self.config, "trainer.resume_mode", "auto"))
+        if mode == "disable":
+            return False
+        path = select(self.config, "trainer.resume_from_path") if mode == "resume_path" \
+            else self.checkpoints.latest()
+        if mode == "resume_path" and not path:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        if not path:
+            return False
+        state = self.checkpoints.load(path, self._stateful_engines())
+        self.worker.global_step = int(state["global_step"])
+        if state.get("dataloader") is not None and self.worker.train_loader is not None:
+            self.worker.train_loader.load_state_dict(state["dataloader"])
+        self.worker.load_algorithm_state(state.get("algorithm") or {})
+        set_rng_state(state["rng"])
+        print(f"resumed from {path} at step {self.worker.global_step}", flush=True)
+        return True
+
+    def _batches(self):
+        loader = self.worker.train_loader
+        while True:
+            if loader is None:
+                yield None
+                continue
+            yield from loader  # a restored loader continues mid-epoch, then the next epochs
+
+    def _validate(self) -> Dict[str, float]:
+        if self.worker.val_loader is None or not self.worker.can_validate():
+            return {}
+        start = time.perf_counter()
+        metrics = validate(self.worker, self.worker.val_loader)
+        if metrics:
+            metrics["timing_s/validation"] = time.perf_counter() - start
+        return metrics
+
+    def fit(self) -> list:
+        from tqdm import tqdm
+
+        seed_everything(int(select(self.config, "trainer.seed", 1)))
+        self.worker.setup()
+        loader = self.worker.train_loader
+        steps = total_steps(self.config, len(loader) if loader is not None else None)
+        self.worker.set_total_training_steps(steps)
+        resumed = self._maybe_resume()
+        tracking = build_tracking(self.config)
+        history = []
+        try:
+            if not resumed and select(self.config, "trainer.val_before_train", True):
+                val = self._validate()
+                if val:
+                    tracking.log(self.worker.global_step, val)
+                    history.append({"step": self.worker.global_step, **val})
+            progress = tqdm(total=steps, initial=self.worker.global_step, desc="training",
+                            unit="step", leave=False, dynamic_ncols=True)
+            batches = self._batches()
+            while self.worker.global_step < steps:
+                self.worker.global_step += 1
+                step = self.worker.global_step
+                start = time.perf_counter()
+                result = self.worker.execute_task_graph(next(batches))
+                metrics = dict(result.metrics)
+                last_batch = next(iter(result.outputs.values())).batch if result.outputs \
+                    else None
+                metrics.update(_throughput(last_batch, time.perf_counter() - start))
+                last = step == steps
+                val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),
+                                                last) else {}
+                tracking.log(step, metrics)
+                history.append({"step": step, **metrics})
+                if val:
+                    tracking.log(step, val)
+                    history.append({"step": step, **val})
+                if _due(step, select(self.config, "trainer.save_freq"), last):
+                    self.checkpoints.save(step, self._stateful_engines(),
+                                          self._trainer_state())
+                progress.update(1)
+            progress.close()
+        finally:
+            tracking.close()
+        return history

@@ -1,0 +1,147 @@
+"""Epoch-based, resumable loader turning dataset items into left-padded TensorDict batches.
+
+The order of epoch ``e`` is a pure function of ``(seed + e, len(dataset))``, so the loader's
+whole state is ``{"epoch", "batches_done", "seed"}``: a loader restored from a state taken
+after ``k`` batches rebuilds the same permutation and skips the first ``k`` batches,
+yielding exactly what an uninterrupted loader would have yielded next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from siirl.data_coordinator.protocol import make_batch
+from siirl.errors import DataError
+
+__all__ = ["StatefulDataLoader", "collate_left_pad", "left_pad"]
+
+
+def left_pad(seqs: Sequence[torch.Tensor], pad_token_id: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` ``[B, P]`` for 1-D id tensors.
+
+    Left padding to the longest sequence keeps every prompt's last token in the last
+    column, where generation continues. ``position_ids`` = cumsum(mask) - 1, clipped at
+    0, so real tokens are numbered from 0 and pads sit at 0.
+    """
+    longest = max((int(s.numel()) for s in seqs), default=0)
+    ids = torch.full((len(seqs), longest), int(pad_token_id), dtype=torch.long)
+    mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        n = int(seq.numel())
+        if n:
+            ids[row, longest - n:] = seq.reshape(-1).to(torch.long)
+            mask[row, longest - n:] = 1
+    position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0)
+    return ids, mask, position_ids
+
+
+def collate_left_pad(items: Sequence[dict], pad_token_id: int) -> TensorDict:
+    """One batch from dataset items: padded tensors plus every other key as non-tensor."""
+    if not items:
+        raise DataError("cannot collate an empty list of items")
+    ids, mask, pos = left_pad([torch.as_tensor(it["input_ids"]) for it in items], pad_token_id)
+    keys = [k for k in items[0] if k != "input_ids"]
+    for i, it in enumerate(items):
+        if set(it) != set(items[0]):
+            raise DataError(f"item {i} has fields {sorted(it)}, item 0 has {sorted(items[0])}")
+    return make_batch(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+        non_tensors={k: [it[k] for it in items] for k in keys},
+    )
+
+
+class StatefulDataLoader:
+    """Iterates epochs of batches; each ``iter()`` runs the rest of the current epoch.
+
+    After an epoch's last batch the loader moves to the next epoch, which (when
+    ``shuffle``) uses the permutation from ``torch.Generator().manual_seed(seed + epoch)``.
+    With ``drop_last`` the rows past the last full batch of that permutation are skipped
+    for the epoch (and, for a dataset with ``min_rank_rows``, the batch count is taken
+    from that, so ranks with uneven shares stay in step).
+    Iterators share the loader's position, so only the newest ``iter()`` is live: an
+    older one stops at its next step.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, pad_token_id: int, shuffle: bool = True,
+                 seed: int = 1, drop_last: bool = True):
+        if batch_size < 1:
+            raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.pad_token_id = int(pad_token_id)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self._epoch = 0
+        self._batches_done = 0
+        self._active: object | None = None
+        if len(self) == 0:
+            raise DataError(
+                f"dataset has {len(dataset)} rows on this rank, fewer than batch_size="
+                f"{batch_size}{' with drop_last' if drop_last else ''}: no batch to load"
+            )
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        if self.drop_last:
+            # a PartitionedDataset shard may hold one row more than another rank's; count
+            # batches from the smallest share so all ranks run the same number of steps
+            n = min(n, int(getattr(self.dataset, "min_rank_rows", n)))
+            return n // self.batch_size
+        return -(-n // self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being (or next to be) iterated, 0-based."""
+        return self._epoch
+
+    @property
+    def batches_done(self) -> int:
+        """Batches of the current epoch already yielded."""
+        return self._batches_done
+
+    def _order(self, epoch: int) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        gen = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(n, generator=gen).tolist()
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        if self._batches_done >= len(self):  # the previous epoch ended without StopIteration
+            self._epoch += 1
+            self._batches_done = 0
+        token = self._active = object()  # a newer iter() or load_state_dict() retires this one
+        order = self._order(self._epoch)
+        while self._batches_done < len(self):
+            start = self._batches_done * self.batch_size
+            idx = order[start:start + self.batch_size]
+            batch = collate_left_pad([self.dataset[i] for i in idx], self.pad_token_id)
+            # counted before the yield, so a state taken while the consumer holds this
+            # batch already says it was delivered
+            self._batches_done += 1
+            yield batch
+            if self._active is not token:
+                return  # stale iterator: must not move the loader's position
+        self._epoch += 1
+        self._batches_done = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "batches_done": self._batches_done, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`; the dataset and batch size must be the same."""
+        missing = {"epoch", "batches_done", "seed"} - set(state)
+        if missing:
+            raise DataError(f"loader state lacks {sorted(missing)}: {state}")
+        epoch, done = int(state["epoch"]), int(state["batches_done"])
+        if epoch < 0 or not 0 <= done <= len(self):
+            raise DataError(f"loader state {state} does not fit this loader "
+                            f"({len(self)} batches per epoch)")
+        self._epoch, self._batches_done, self.seed = epoch, done, int(state["seed"])
+        self._active = None

@@ -1,0 +1,252 @@
+"""Prompt dataset in verl's parquet / JSON-lines schema, holding only this rank's rows.
+
+Every rank reads, validates and tokenizes *all* rows (so overlong filtering and schema
+errors are identical everywhere), then keeps its share. Partitioning rule: after
+filtering, kept row ``j`` (0-based, in file-list order) belongs to rank
+``j % world_size`` (round-robin), so shares differ by at most one row and the ranks
+together cover every kept row exactly once. ``min_rank_rows`` (the smallest share) lets
+:class:`StatefulDataLoader` with ``drop_last`` give every rank the same number of batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from siirl.errors import ConfigError, DataError
+
+__all__ = ["PartitionedDataset", "encode_text", "render_prompt", "read_rows"]
+
+logger = logging.getLogger(__name__)
+
+_PARQUET_EXT = (".parquet", ".pq")
+_JSON_EXT = (".jsonl", ".json")
+_TRUNCATION = ("error", "left", "right")
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a DictConfig, dict, dataclass or plain object (or None)."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict) or (hasattr(cfg, "get") and hasattr(cfg, "keys")):
+        value = cfg.get(key, default)  # DictConfig and dict
+    else:
+        value = getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _as_paths(files: str | os.PathLike | Sequence) -> list[str]:
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    paths = [os.path.expanduser(os.fspath(f)) for f in files]
+    if not paths:
+        raise DataError("no dataset files given")
+    return paths
+
+
+def _read_json_rows(path: str) -> list[Any]:
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)  # a plain JSON array of rows
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON: {exc}") from None
+        return rows
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue  # blank lines (e.g. a trailing newline) are not rows
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: row {len(rows)}: not valid JSON: {exc}") from None
+    return rows
+
+
+def read_rows(path: str) -> list[Any]:
+    """All rows of one parquet or JSON-lines file as python dicts (unvalidated)."""
+    if not os.path.isfile(path):
+        raise DataError(f"dataset file not found: {path}")
+    lower = path.lower()
+    if lower.endswith(_PARQUET_EXT):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for a bad file
+            raise DataError(f"{path}: cannot read parquet: {exc}") from None
+    if lower.endswith(_JSON_EXT):
+        return _read_json_rows(path)
+    raise DataError(f"{path}: unsupported file type (use .parquet, .jsonl or .json)")
+
+
+def _check_messages(value: Any, where: str, field: str) -> list[dict]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DataError(f"{where}: field {field!r} must be a non-empty list of chat "
+                        f"messages {{role, content}}, got {type(value).__name__}")
+    messages = []
+    for k, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            raise DataError(f"{where}: field {field!r}[{k}] must be a dict with 'role' and "
+                            f"'content', got {type(msg).__name__}")
+        for part in ("role", "content"):
+            if not isinstance(msg.get(part), str):
+                raise DataError(f"{where}: field {field!r}[{k}].{part} must be a string, "
+                                f"got {type(msg.get(part)).__name__}")
+        messages.append(dict(msg))
+    return messages
+
+
+def _as_dict(value: Any, where: str, field: str) -> dict:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        return dict(value)  # a parquet map column reads as a list of (key, value) pairs
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(value)  # some writers store extra_info as a JSON string
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    raise DataError(f"{where}: field {field!r} must be a dict, got {type(value).__name__}")
+
+
+def _validate(row: Any, where: str, prompt_key: str) -> dict:
+    """The row's fields checked and normalised; DataError names file, row and field."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: row must be an object/dict, got {type(row).__name__}")
+    for field in (prompt_key, "data_source", "ability", "reward_model"):
+        if row.get(field) is None:
+            raise DataError(f"{where}: missing required field {field!r}")
+    messages = _check_messages(row[prompt_key], where, prompt_key)
+    for field in ("data_source", "ability"):
+        if not isinstance(row[field], str):
+            raise DataError(f"{where}: field {field!r} must be a string, "
+                            f"got {type(row[field]).__name__}")
+    reward = _as_dict(row["reward_model"], where, "reward_model")
+    if reward.get("ground_truth") is None:
+        raise DataError(f"{where}: missing required field 'reward_model.ground_truth'")
+    return {
+        "raw_prompt": messages,
+        "data_source": row["data_source"],
+        "ability": row["ability"],
+        "ground_truth": reward["ground_truth"],
+        "extra_info": _as_dict(row.get("extra_info"), where, "extra_info"),
+    }
+
+
+def render_prompt(tokenizer: Any, messages: list[dict], template_kwargs: dict | None = None
+                  ) -> str:
+    """Prompt text: the tokenizer's chat template if it has one, else contents joined by \\n."""
+    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
+    return "\n".join(m["content"] for m in messages)
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids without extra special tokens (the chat template already adds them)."""
+    if hasattr(tokenizer, "encode"):
+        try:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        except TypeError:  # a duck-typed tokenizer whose encode takes only the text
+            ids = tokenizer.encode(text)
+    else:
+        try:
+            out = tokenizer(text, add_special_tokens=False)
+        except TypeError:
+            out = tokenizer(text)
+        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+    if isinstance(ids, torch.Tensor):
+        ids = ids.reshape(-1).tolist()
+    return [int(i) for i in ids]
+
+
+class PartitionedDataset:
+    """This rank's rows of one or more prompt files, tokenized (``input_ids`` unpadded).
+
+    ``data_config`` keys (verl ``data.*``): ``prompt_key`` ("prompt"), ``max_prompt_length``
+    (512), ``filter_overlong_prompts`` (False), ``truncation`` ("error" | "left" | "right"),
+    ``apply_chat_template_kwargs`` ({}), ``return_raw_chat`` (read for verl compatibility;
+    ``raw_prompt`` is always returned because the batch contract lists it).
+    ``prompt_text`` is the full rendered prompt, before any truncation.
+    """
+
+    def __init__(self, files: str | os.PathLike | Sequence, tokenizer: Any,
+                 data_config: Any = None, rank: int = 0, world_size: int = 1):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, "
+                              f"world_size={world_size}")
+        self.files = _as_paths(files)
+        self.tokenizer = tokenizer
+        self.rank, self.world_size = rank, world_size
+        self.prompt_key = _get(data_config, "prompt_key", "prompt")
+        self.max_prompt_length = int(_get(data_config, "max_prompt_length", 512))
+        self.filter_overlong = bool(_get(data_config, "filter_overlong_prompts", False))
+        self.truncation = str(_get(data_config, "truncation", "error"))
+        self.return_raw_chat = bool(_get(data_config, "return_raw_chat", False))
+        template_kwargs = dict(_get(data_config, "apply_chat_template_kwargs", {}) or {})
+        if self.truncation not in _TRUNCATION:
+            raise ConfigError(f"data.truncation must be one of {_TRUNCATION}, "
+                              f"got {self.truncation!r}")
+
+        kept: list[dict] = []
+        self.num_filtered = 0
+        index = 0
+        for path in self.files:
+            for row_no, row in enumerate(read_rows(path)):
+                where = f"{path}: row {row_no}"
+                item = _validate(row, where, self.prompt_key)
+                item["prompt_text"] = render_prompt(tokenizer, item["raw_prompt"],
+                                                    template_kwargs)
+                ids = encode_text(tokenizer, item["prompt_text"])
+                item["index"] = index
+                index += 1
+                if len(ids) > self.max_prompt_length:
+                    if self.filter_overlong:
+                        self.num_filtered += 1
+                        continue
+                    ids = self._truncate(ids, where)
+                item["input_ids"] = ids
+                kept.append(item)
+        if self.filter_overlong:
+            logger.info("filtered %d of %d prompts longer than %d tokens from %s",
+                        self.num_filtered, index, self.max_prompt_length, self.files)
+        self.num_rows_total = len(kept)  # kept rows over all ranks
+        # the smallest rank's share: loaders with drop_last use it so that every rank
+        # yields the same number of batches per epoch (collectives stay in step)
+        self.min_rank_rows = len(kept) // world_size
+        self._items = kept[rank::world_size]
+        for item in self._items:  # tensors only for the rows this rank keeps
+            item["input_ids"] = torch.tensor(item["input_ids"], dtype=torch.long)
+
+    def _truncate(self, ids: list[int], where: str) -> list[int]:
+        limit = self.max_prompt_length
+        if self.truncation == "left":
+            return ids[-limit:] if limit > 0 else []
+        if self.truncation == "right":
+            return ids[:limit]
+        raise DataError(f"{where}: prompt has {len(ids)} tokens, more than "
+                        f"max_prompt_length={limit} (set data.filter_overlong_prompts=true "
+                        f"or data.truncation=left/right)")
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> dict:
+        # a shallow copy, so a caller adding keys does not change the dataset
+        return dict(self._items[i])
+
+    def __repr__(self) -> str:
+        return (f"PartitionedDataset(files={self.files}, rows={len(self)}, rank={self.rank}/"
+                f"{self.world_size}, filtered={self.num_filtered})")

@@ -1,0 +1,251 @@
+"""What every reward manager shares: reading the batch, decoding, placing scores, metrics.
+
+A subclass only decides *how* the score function is called (``_score_rows``); it
+returns one entry per row, either the function's result or a ``Failure``. A failure
+(the function raised, returned something that is not a number or a dict with "score",
+or timed out) scores 0.0 and is logged here, in the parent process, so one bad sample
+never costs the step. A ``siirl.errors.ConfigError`` (a data_source with no built-in
+rule) is not a bad sample but a bad setup, and is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
+from siirl.engine.reward_manager.loader import custom_function_settings, load_custom_function
+from siirl.engine.reward_score import default_compute_score
+from siirl.errors import ConfigError, DataError
+from siirl.execution.config_select import select
+
+logger = logging.getLogger(__name__)
+
+# Rows whose failure is logged one by one per call; the rest are summarised, so a
+# broken reward function does not flood the log with one line per sample.
+_MAX_WARNINGS_PER_CALL = 10
+
+
+@dataclass
+class Failure:
+    """A row whose score could not be computed; ``kind`` is "error" or "timeout"."""
+
+    kind: str
+    reason: str
+    logged: bool = False  # the manager already warned (e.g. once for a whole batch call)
+
+
+class RewardManagerBase:
+    """Built as ``Cls(role="reward", config=cfg, worker=dag_worker)`` by the plugin registry.
+
+    ``tokenizer`` and ``compute_score`` may be given directly (tests, notebooks); otherwise
+    the actor engine's tokenizer and ``custom_reward_function`` (or the built-in
+    ``default_compute_score``) are used.
+    """
+
+    name = "base"
+
+    def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
+                 tokenizer: Any = None, compute_score: Optional[Callable[..., Any]] = None,
+                 reward_kwargs: Optional[Dict[str, Any]] = None):
+        self.role = role
+        self.config = config
+        self.worker = worker
+        self._tokenizer = tokenizer
+        self.reward_fn_key = str(select(config, "data.reward_fn_key", "data_source"))
+        path, fn_name, kwargs, self.config_timeout_s = custom_function_settings(config)
+        self.custom_path: Optional[str] = None
+        self.custom_name = fn_name
+        if compute_score is not None:
+            self.compute_score = compute_score
+        elif path:
+            # Loaded here even for the parallel manager, so a wrong path or name fails
+            # when the engine is built, not in a worker process mid-step.
+            self.compute_score = load_custom_function(path, fn_name)
+            self.custom_path = path
+        else:
+            self.compute_score = default_compute_score
+        # reward_kwargs configure the user's function only, never the built-in rules.
+        self.is_default = self.compute_score is default_compute_score
+        self.reward_kwargs = dict(reward_kwargs if reward_kwargs is not None else kwargs)
+        if self.is_default:
+            self.reward_kwargs = {}
+
+    # --- inputs ---
+
+    @property
+    def tokenizer(self) -> Any:
+        # Looked up on first use: the actor engine may be built after this one.
+        if self._tokenizer is None:
+            engines = getattr(self.worker, "engines", None)
+            actor = engines.get("actor") if engines is not None else None
+            self._tokenizer = getattr(actor, "tokenizer", None)
+            if self._tokenizer is None:
+                raise ConfigError(f"reward manager '{self.name}' needs a tokenizer to decode "
+                                  "responses: none was passed and the worker has no actor "
+                                  "engine with a tokenizer")
+        return self._tokenizer
+
+    @staticmethod
+    def response_mask(batch: Any) -> torch.Tensor:
+        responses = batch.get("responses")
+        mask = batch.get("response_mask", None)
+        if mask is None:  # batches from older rollouts: the response part of attention_mask
+            mask = batch.get("attention_mask")[:, -responses.shape[1]:]
+        return mask
+
+    def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> List[str]:
+        return [self.tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True)
+                for row, m in zip(responses, mask, strict=True)]
+
+    @staticmethod
+    def _column(batch: Any, key: str, default: Any = DataError) -> list:
+        if key in batch.keys():
+            return get_non_tensor(batch, key)
+        if default is DataError:
+            raise DataError(f"the reward manager needs the per-row field '{key}'; batch "
+                            f"fields: {', '.join(sorted(batch.keys()))}")
+        return [default] * batch.batch_size[0]
+
+    def _ground_truths(self, batch: Any) -> list:
+        if "ground_truth" in batch.keys():
+            return get_non_tensor(batch, "ground_truth")
+        if "reward_model" in batch.keys():  # verl's dataset layout: {"ground_truth": ...}
+            return [(rm or {}).get("ground_truth") for rm in get_non_tensor(batch, "reward_model")]
+        raise DataError("the reward manager needs the per-row field 'ground_truth' (or verl's "
+                        f"'reward_model' dict); batch fields: {', '.join(sorted(batch.keys()))}")
+
+    # --- scoring ---
+
+    def call_one(self, fn: Callable[..., Any], data_source: Any, solution: str,
+                 ground_truth: Any, extra_info: Any) -> Any:
+        """One in-process call; an exception becomes a Failure (logged by the caller)."""
+        try:
+            return fn(data_source=data_source, solution_str=solution,
+                      ground_truth=ground_truth, extra_info=extra_info, **self.reward_kwargs)
+        except ConfigError:
+            # e.g. a data_source with no built-in rule: every row would fail the same way,
+            # so the run stops with the message saying what to configure.
+            raise
+        except Exception as exc:  # a user bug must cost the sample, not the step
+            return Failure("error", f"{type(exc).__name__}: {exc}")
+
+    def score_in_process(self, data_sources: list, solutions: List[str], ground_truths: list,
+                         extra_infos: list) -> List[Any]:
+        rows = zip(data_sources, solutions, ground_truths, extra_infos, strict=True)
+        return [self.call_one(self.compute_score, *row) for row in rows]
+
+    def _score_rows(self, data_sources: list, solutions: List[str], ground_truths: list,
+                    extra_infos: list) -> List[Any]:
+        raise NotImplementedError
+
+    # --- outputs ---
+
+    def _normalise(self, rows: Sequence[Any], data_sources: list
+                   ) -> Tuple[List[float], List[Dict[str, Any]], Dict[str, int]]:
+        scores, extras, counts = [], [], {"error": 0, "timeout": 0}
+        warned = silenced = 0
+        for i, result in enumerate(rows):
+            if not isinstance(result, Failure):
+                try:
+                    scores.append(_as_score(result))
+                    extras.append({k: v for k, v in result.items() if k != "score"}
+                                  if isinstance(result, dict) else {})
+                    continue
+                except (TypeError, ValueError, KeyError) as exc:
+                    result = Failure("error", f"bad return value {result!r}: {exc}")
+            counts[result.kind] += 1
+            scores.append(0.0)
+            extras.append({})
+            if result.logged:
+                continue
+            if warned < _MAX_WARNINGS_PER_CALL:
+                warned += 1
+                logger.warning("reward for row %d (data_source %r) failed, scored 0.0: %s",
+                               i, data_sources[i], result.reason)
+            else:
+                silenced += 1
+        if silenced:
+            logger.warning("%d more reward rows failed and were scored 0.0", silenced)
+        return scores, extras, counts
+
+    def compute_reward(self, batch: Any) -> NodeOutput:
+        responses = batch.get("responses")
+        mask = self.response_mask(batch)
+        data_sources = self._column(batch, self.reward_fn_key)
+        ground_truths = self._ground_truths(batch)
+        extra_infos = self._column(batch, "extra_info", None)
+        solutions = self.decode(responses, mask)
+        rows = self._score_rows(data_sources, solutions, ground_truths, extra_infos)
+        scores, extras, counts = self._normalise(rows, data_sources)
+
+        token_scores = torch.zeros(responses.shape, dtype=torch.float32)
+        if responses.shape[0] and responses.shape[1]:
+            # Last position whose mask is 1 (flip + argmax); an all-zero row gets the last
+            # position, as in verl, so its score still counts in sequence sums.
+            last = mask.shape[1] - 1 - (mask.flip(1) > 0).to(torch.int8).argmax(dim=1)
+            token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(scores)
+        token_scores = token_scores.to(responses.device)
+        out = batch.copy()  # shallow: the caller's batch keeps its fields
+        out.set("token_level_scores", token_scores)
+        out.set("token_level_rewards", token_scores.clone())
+        set_non_tensor(out, "score", scores)
+        # Extra result keys may not replace tensors or the columns the scores were read from.
+        reserved = {k for k in out.keys() if isinstance(out.get(k), torch.Tensor)}
+        reserved |= {"score", "uid", self.reward_fn_key, "ground_truth", "extra_info",
+                     "reward_model"}
+        for key, values in _extra_columns(extras, reserved).items():
+            set_non_tensor(out, key, values)
+        return NodeOutput(batch=out, metrics=self._metrics(scores, token_scores, data_sources,
+                                                           counts))
+
+    def _metrics(self, scores: List[float], token_scores: torch.Tensor, data_sources: list,
+                 counts: Dict[str, int]) -> Dict[str, float]:
+        metrics: Dict[str, float] = {"reward/errors": float(counts["error"])}
+        if scores:
+            t = torch.tensor(scores, dtype=torch.float32)
+            metrics.update({
+                "critic/score/mean": t.mean().item(),
+                "critic/score/max": t.max().item(),
+                "critic/score/min": t.min().item(),
+                "critic/rewards/mean": token_scores.sum(dim=-1).mean().item(),
+            })
+            by_source: Dict[str, List[float]] = {}
+            for source, score in zip(data_sources, scores, strict=True):
+                by_source.setdefault(str(source), []).append(score)
+            for source, values in by_source.items():
+                metrics[f"reward/{source}/mean"] = sum(values) / len(values)
+        return metrics
+
+
+def _as_score(result: Any) -> float:
+    value = result["score"] if isinstance(result, dict) else result
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    return float(value)
+
+
+def _extra_columns(extras: List[Dict[str, Any]], reserved: set) -> Dict[str, list]:
+    """Per-row columns for the extra keys of dict results.
+
+    A row without a key (a failed row, or a scorer that returns it only sometimes) gets
+    the "false" value of the key's type (False / 0 / 0.0), else None, so columns such as
+    ``acc`` stay numeric for filters and metrics. Keys naming existing batch fields are
+    dropped, never overwritten.
+    """
+    keys: List[str] = []
+    for row in extras:
+        keys.extend(k for k in row if k not in keys)
+    columns: Dict[str, list] = {}
+    for key in keys:
+        if key in reserved:
+            logger.warning("reward result key %r names an existing batch field; ignored", key)
+            continue
+        sample = next(row[key] for row in extras if key in row)
+        fill = type(sample)() if isinstance(sample, (bool, int, float)) else None
+        columns[key] = [row.get(key, fill) for row in extras]
+    return columns
