@@ -1,0 +1,1 @@
+"""Model loading and log-prob helpers shared by the engines."""

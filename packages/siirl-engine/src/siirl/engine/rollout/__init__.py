@@ -1,0 +1,1 @@
+"""Rollout (generation) engines; ``hf`` is the built-in transformers sampler."""

@@ -1,0 +1,223 @@
+"""``hf`` rollout: sample responses with the actor's own transformers module.
+
+No second copy of the weights: the module is fetched from the actor engine on every call
+(``worker.engines.get("actor").module``), so an optimizer step is visible to the next
+rollout as is. Decoding is a plain KV-cached loop (prefill once, then one token per step)
+rather than ``model.generate``: on CPU with small models the per-step overhead of
+``generate`` dominates, and the loop's sampling (temperature, top-k, top-p, torch's global
+RNG) is exactly the one documented here, independent of the model's generation_config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator import protocol
+from siirl.engine.models.logprob import accepts_kwarg
+from siirl.execution.config_select import select
+
+__all__ = ["HFRollout", "decode", "postprocess_responses", "sample_next_token"]
+
+_RCFG = "actor_rollout_ref.rollout"
+
+
+def _as_int(value: Any) -> int | None:
+    # A dict/dataclass config may still hold an unresolved "${...}" string.
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def sample_next_token(logits: torch.Tensor, greedy: bool, temperature: float = 1.0,
+                      top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Next token ids [B] from last-position logits [B, V] (float32 math)."""
+    if greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token once the mass before it already reaches top_p (the top one stays)
+        drop = (probs.cumsum(dim=-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(dim=-1), 1).squeeze(-1)
+
+
+@torch.no_grad()
+def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+           greedy: bool, temperature: float = 1.0, top_k: int = -1,
+           top_p: float = 1.0) -> torch.Tensor:
+    """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
+    (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished."""
+    rows = input_ids.shape[0]
+    if max_new_tokens <= 0 or rows == 0:
+        return input_ids.new_zeros((rows, 0))
+    keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
+    eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
+    out = module(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids, use_cache=True, **keep_last)
+    next_pos = position_ids[:, -1:] + 1
+    finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+    ones = attention_mask.new_ones((rows, 1))
+    tokens = []
+    for step in range(max_new_tokens):
+        tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p)
+        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+        tokens.append(tok)
+        finished |= torch.isin(tok, eos)
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, ones], dim=1)
+        out = module(input_ids=tok[:, None], attention_mask=attention_mask,
+                     position_ids=next_pos, past_key_values=out.past_key_values,
+                     use_cache=True, **keep_last)
+        next_pos = next_pos + 1
+    return torch.stack(tokens, dim=1)
+
+
+def postprocess_responses(tokens: torch.Tensor, width: int, eos_ids: list[int],
+                          pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(responses [B, width], response_mask [B, width] float32)``: the mask is 1 up to
+    and including the first EOS; everything after it, and the right padding, is pad."""
+    rows, got = tokens.shape
+    if got < width:
+        tokens = torch.cat([tokens, tokens.new_full((rows, width - got), pad_id)], dim=1)
+    tokens = tokens[:, :width]
+    is_eos = torch.isin(tokens, torch.tensor(eos_ids, dtype=tokens.dtype, device=tokens.device))
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS strictly before column
+    valid = eos_before == 0
+    valid[:, got:] = False
+    responses = torch.where(valid, tokens, torch.full_like(tokens, pad_id))
+    return responses, valid.to(torch.float32)
+
+
+class HFRollout:
+    """Rollout engine ``hf``: ``generate(batch, validate=False) -> NodeOutput``."""
+
+    def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,
+                 module: torch.nn.Module | None = None, tokenizer: Any = None):
+        self.role = role
+        self.config = config
+        self.worker = worker
+        self._module = module
+        self._tokenizer = tokenizer
+
+    # -- the policy is looked up on each call, so a swapped-in actor module is used too --
+    def policy(self) -> tuple[torch.nn.Module, Any]:
+        module, tokenizer = self._module, self._tokenizer
+        if module is None or tokenizer is None:
+            if self.worker is None:
+                raise RuntimeError("HFRollout needs worker= (with an actor engine) or "
+                                   "module= and tokenizer=")
+            actor = self.worker.engines.get("actor")
+            module = module if module is not None else actor.module
+            tokenizer = tokenizer if tokenizer is not None else actor.tokenizer
+        # a DDP/FSDP1-style wrapper has no generate machinery of its own: use the inner model
+        while not hasattr(module, "config") and isinstance(getattr(module, "module", None),
+                                                           torch.nn.Module):
+            module = module.module
+        return module, tokenizer
+
+    def sampling(self, validate: bool) -> dict:
+        """n, greedy, temperature, top_k, top_p for training or validation."""
+        base = f"{_RCFG}.val_kwargs" if validate else _RCFG
+        temperature = float(select(self.config, f"{base}.temperature", 0.0 if validate else 1.0))
+        do_sample = bool(select(self.config, f"{base}.do_sample", not validate))
+        top_k = _as_int(select(self.config, f"{base}.top_k", -1)) or -1
+        return {
+            "n": _as_int(select(self.config, f"{base}.n", 1)) or 1,
+            "greedy": (not do_sample) or temperature <= 0.0,
+            "temperature": temperature if temperature > 0 else 1.0,
+            "top_k": top_k if top_k > 0 else -1,  # -1 and 0 both mean "off"
+            "top_p": float(select(self.config, f"{base}.top_p", 1.0)),
+        }
+
+    def max_response_length(self) -> int:
+        length = _as_int(select(self.config, "data.max_response_length"))
+        length = length if length is not None else _as_int(
+            select(self.config, f"{_RCFG}.response_length"))
+        if length is None:
+            raise ValueError("set data.max_response_length (or rollout.response_length)")
+        return length
+
+    @staticmethod
+    def token_ids(module: torch.nn.Module, tokenizer: Any) -> tuple[list[int], int]:
+        """EOS ids (the tokenizer's and the generation config's, e.g. Qwen's two) and pad."""
+        eos: list[int] = []
+        gen = getattr(module, "generation_config", None)
+        for value in (getattr(tokenizer, "eos_token_id", None),
+                      getattr(gen, "eos_token_id", None)):
+            for tok in value if isinstance(value, (list, tuple)) else [value]:
+                if tok is not None and int(tok) not in eos:
+                    eos.append(int(tok))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        pad = pad if pad is not None else (eos[0] if eos else 0)
+        return eos, int(pad)
+
+    def generate(self, batch: Any, validate: bool = False) -> NodeOutput:
+        module, tokenizer = self.policy()
+        params = self.sampling(validate)
+        width = self.max_response_length()
+        eos_ids, pad_id = self.token_ids(module, tokenizer)
+        if select(self.config, f"{_RCFG}.ignore_eos", False):
+            eos_ids = []
+        out = protocol.repeat_interleave(batch, params.pop("n"))
+        prompts, prompt_mask = out["input_ids"], out["attention_mask"]
+        if "position_ids" in out.keys():
+            prompt_pos = out["position_ids"]
+        else:
+            prompt_pos = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        device = next(module.parameters()).device
+        chunk = _as_int(select(self.config, f"{_RCFG}.max_num_seqs")) or prompts.shape[0] or 1
+        # eval() turns dropout off; each submodule's mode is restored afterwards, so
+        # submodules frozen in eval mode by the actor stay so
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
+        try:
+            parts = []
+            for start in range(0, prompts.shape[0], chunk):
+                rows = slice(start, start + chunk)
+                tokens = decode(module, prompts[rows].to(device), prompt_mask[rows].to(device),
+                                prompt_pos[rows].to(device), width, eos_ids, pad_id, **params)
+                parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        responses = torch.cat([p[0] for p in parts]).to(prompts.device, prompts.dtype)
+        response_mask = torch.cat([p[1] for p in parts]).to(prompts.device)
+        steps = torch.arange(1, width + 1, device=prompts.device, dtype=prompt_pos.dtype)
+        out.set("prompts", prompts)
+        out.set("responses", responses)
+        out.set("response_mask", response_mask)
+        out.set("input_ids", torch.cat([prompts, responses], dim=1))
+        out.set("attention_mask", torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)],
+                                            dim=1))
+        out.set("position_ids", torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1))
+        return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))
+
+    @staticmethod
+    def metrics(responses: torch.Tensor, response_mask: torch.Tensor,
+                eos_ids: list[int]) -> dict:
+        lengths = response_mask.sum(dim=1)
+        if lengths.numel() == 0:
+            return {"rollout/tokens": 0.0}
+        width = responses.shape[1]
+        eos = torch.tensor(eos_ids, dtype=responses.dtype)
+        has_eos = (torch.isin(responses, eos) & response_mask.bool()).any(dim=1)
+        clipped = (lengths >= width) & ~has_eos
+        return {
+            "response_length/mean": lengths.mean().item(),
+            "response_length/max": lengths.max().item(),
+            "response_length/min": lengths.min().item(),
+            "response_length/clip_ratio": clipped.float().mean().item(),
+            "rollout/tokens": lengths.sum().item(),
+        }
