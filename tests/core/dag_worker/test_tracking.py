@@ -4,6 +4,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
+
 from siirl.dag_worker.tracking import build_tracking
 from siirl.errors import ConfigError
 

@@ -1,0 +1,107 @@
+"""Optimizer and learning-rate schedule built from an ``optim`` config node (verl's keys).
+
+The schedule is a ``LambdaLR`` whose lambda is a small picklable object, so the
+scheduler's ``state_dict`` (its step count and the schedule's parameters) checkpoints and
+restores like any other torch scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+
+def build_optimizer(params: Iterable, optim_cfg: Any) -> torch.optim.AdamW:
+    """AdamW with ``lr``, ``betas``, ``weight_decay``; fused kernel where torch has one."""
+    params = [p for p in params if getattr(p, "requires_grad", True)]
+    kwargs = dict(lr=float(select(optim_cfg, "lr", 1e-6)),
+                  betas=tuple(float(b) for b in select(optim_cfg, "betas", (0.9, 0.999))),
+                  weight_decay=float(select(optim_cfg, "weight_decay", 0.01)))
+    try:
+        # AdamW validates fused support (device, dtype, DTensor) at construction, so a
+        # build without it fails here, not at the first step.
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.AdamW(params, **kwargs)
+
+
+@dataclass
+class WarmupSchedule:
+    """Multiplier of the base lr at scheduler step ``step`` (verl's formulas).
+
+    constant: linear warmup 0 -> 1, then 1. cosine: linear warmup ``min_lr_ratio`` -> 1,
+    then half a cosine (``num_cycles`` = 0.5) down to ``min_lr_ratio`` at
+    ``total_steps``.
+    """
+
+    style: str
+    warmup_steps: int
+    total_steps: int
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+
+    def __call__(self, step: int) -> float:
+        return _STYLES[self.style][0](self, step)
+
+
+def _constant(s: WarmupSchedule, step: int) -> float:
+    if step < s.warmup_steps:
+        return step / max(1, s.warmup_steps)
+    return 1.0
+
+
+def _cosine(s: WarmupSchedule, step: int) -> float:
+    if step < s.warmup_steps:
+        return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * step / max(1, s.warmup_steps)
+    progress = (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps)
+    wave = math.cos(math.pi * s.num_cycles * 2.0 * progress)
+    return max(s.min_lr_ratio, (1.0 - s.min_lr_ratio) * 0.5 * wave + (1.0 + s.min_lr_ratio) * 0.5)
+
+
+# name -> (multiplier, whether it needs the total number of steps)
+_STYLES: Dict[str, Tuple[Callable[[WarmupSchedule, int], float], bool]] = {
+    "constant": (_constant, False),
+    "cosine": (_cosine, True),
+}
+
+
+def _style(optim_cfg: Any) -> str:
+    # lr_scheduler_type is verl's newer name and defaults to ${.warmup_style}; a plain dict
+    # may still hold that interpolation unresolved, which means "not set".
+    style = select(optim_cfg, "lr_scheduler_type")
+    if not style or str(style).startswith("${"):
+        style = select(optim_cfg, "warmup_style", "constant")
+    if style not in _STYLES:
+        raise ConfigError(f"optim.lr_scheduler_type/warmup_style={style!r} is not supported; "
+                          f"supported: {', '.join(sorted(_STYLES))}")
+    return str(style)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any,
+                       total_training_steps: Optional[int] = None) -> LambdaLR:
+    """Warmup (``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio`` * total), then
+    constant or cosine decay to ``min_lr_ratio``; stepped once per policy update."""
+    total = total_training_steps
+    if total is None or total <= 0:
+        total = int(select(optim_cfg, "total_training_steps", -1))
+    style = _style(optim_cfg)
+    warmup = int(select(optim_cfg, "lr_warmup_steps", -1))
+    if warmup <= 0:
+        ratio = float(select(optim_cfg, "lr_warmup_steps_ratio", 0.0))
+        if ratio > 0 and total <= 0:
+            raise ConfigError("optim.lr_warmup_steps_ratio needs the number of training steps "
+                              "(optim.total_training_steps); or set optim.lr_warmup_steps")
+        warmup = int(ratio * total) if ratio > 0 else 0
+    if _STYLES[style][1] and total <= 0:
+        raise ConfigError(f"a {style} lr schedule needs optim.total_training_steps > 0")
+    schedule = WarmupSchedule(style=style, warmup_steps=warmup, total_steps=max(total, 0),
+                              min_lr_ratio=float(select(optim_cfg, "min_lr_ratio", 0.0)),
+                              num_cycles=float(select(optim_cfg, "num_cycles", 0.5)))
+    return LambdaLR(optimizer, schedule)

@@ -1,0 +1,87 @@
+"""FSDP2 data parallelism on CPU: two gloo ranks, each with half the batch, must reproduce
+the loss, gradient norm and gradients of one process on the whole batch.
+
+The model is a pure-torch causal LM named like an HF one (see siirl_actor_testlib): the
+spawned ranks then skip importing transformers, which would double this test's time."""
+
+import copy
+import json
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from siirl_actor_testlib import (
+    actor_config,
+    actor_engine,
+    dp_rank_main,
+    free_port,
+    max_param_diff,
+    params,
+    rollout_batch,
+    tiny_torch_model,
+    with_advantages,
+)
+
+from siirl.engine import checkpoint
+
+try:
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+    HAVE_FSDP2 = torch.distributed.is_available() and torch.distributed.is_gloo_available()
+except ImportError:
+    HAVE_FSDP2 = False
+
+OVERRIDES = ["actor_rollout_ref.actor.ppo_mini_batch_size=8",  # one mini-batch in all
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+             "actor_rollout_ref.actor.entropy_coeff=0.01",
+             # the ranks' reference takes the actor's pre-shard copy of its weights
+             "actor_rollout_ref.actor.use_kl_loss=true"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors gain nothing from threads, and OpenMP workers spin-waiting against
+    other processes on a small machine slow these tests several-fold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not HAVE_FSDP2, reason="torch build without FSDP2 or gloo")
+def test_two_gloo_ranks_match_one_process(tmp_path):
+    model = tiny_torch_model()
+    single = actor_engine(actor_config(*OVERRIDES), module=copy.deepcopy(model))
+    batch = with_advantages(single, rollout_batch(rows=8, seed=3))
+    batch.set("advantages", batch["advantages"] * torch.linspace(-1.0, 2.0, 8)[:, None])
+    batch.set("ref_log_prob", batch["old_log_probs"].clone())
+    tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids",
+                                     "responses", "response_mask", "old_log_probs",
+                                     "advantages")}
+    torch.save({"weights": model.state_dict(), "batch": tensors, "overrides": OVERRIDES},
+               tmp_path / "inputs.pt")
+    want = single.update_policy(batch.clone()).metrics
+    want_grads = {n: p.grad for n, p in single.module.named_parameters()}
+
+    context = mp.start_processes(dp_rank_main, args=(2, free_port(), str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the 2-rank FSDP2 run did not finish in 120 s")
+
+    result = torch.load(tmp_path / "result.pt", weights_only=True)
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"metrics{rank}.json").read_text())
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl",
+                    "actor/pg_clipfrac", "actor/kl_loss"):
+            assert got[key] == pytest.approx(want[key], abs=1e-5), (rank, key)
+    assert max_param_diff(result["grads"], want_grads) < 1e-6
+    # Adam's first step is ~lr * sign(grad): float noise on near-zero gradients can move a
+    # weight by a small fraction of lr, so weights get a looser bound than gradients.
+    assert max_param_diff(result["weights"], params(single.module)) < 1e-4
+    saved = checkpoint.load_tensors(str(tmp_path / "ckpt" / checkpoint.MODEL_FILE))
+    assert max_param_diff(saved, result["weights"]) == 0.0
