@@ -33,6 +33,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def configure_threads(config: Any) -> None:
+    """On CPU, tiny models lose more to thread hand-offs than they gain (0.26 s vs 5.4 s per
+    default step measured on 2 busy cores): use ``trainer.cpu_threads``."""
+    threads = select(config, "trainer.cpu_threads")
+    on_cpu = str(select(config, "trainer.device", "auto")) == "cpu" or \
+        not torch.cuda.is_available()
+    if threads and on_cpu:
+        torch.set_num_threads(int(threads))
+
+
 def total_steps(config: Any, steps_per_epoch: Optional[int]) -> int:
     """verl semantics: total_training_steps, when set, caps total_epochs * steps_per_epoch."""
     explicit = select(config, "trainer.total_training_steps")
@@ -64,6 +74,7 @@ class Trainer:
         root = str(select(self.config, "trainer.default_local_dir", "."))
         self.checkpoints = CheckpointManager(root, select(self.config,
                                                           "trainer.max_actor_ckpt_to_keep"))
+        self._progress = None
 
     def _stateful_engines(self) -> Dict[str, Any]:
         return {role: self.worker.engines.get(role) for role in STATEFUL_ROLES
@@ -114,6 +125,7 @@ class Trainer:
     def fit(self) -> list:
         from tqdm import tqdm
 
+        configure_threads(self.config)
         seed_everything(int(select(self.config, "trainer.seed", 1)))
         self.worker.setup()
         loader = self.worker.train_loader
@@ -130,6 +142,7 @@ class Trainer:
                     history.append({"step": self.worker.global_step, **val})
             progress = tqdm(total=steps, initial=self.worker.global_step, desc="training",
                             unit="step", leave=False, dynamic_ncols=True)
+            self._progress = progress
             batches = self._batches()
             while self.worker.global_step < steps:
                 self.worker.global_step += 1
@@ -152,7 +165,8 @@ class Trainer:
                     self.checkpoints.save(step, self._stateful_engines(),
                                           self._trainer_state())
                 progress.update(1)
-            progress.close()
         finally:
+            if getattr(self, "_progress", None) is not None:
+                self._progress.close()  # clear the bar so an error message stands alone
             tracking.close()
         return history

@@ -97,6 +97,11 @@ class TrainerArguments:
         default=1, metadata={"help": "Workers (GPUs) per node; siiRL default is one worker."}
     )
     device: str = "auto"  # siiRL: auto | cuda | npu | cpu
+    cpu_threads: int | None = field(
+        default=1,
+        metadata={"help": "torch intra-op threads per CPU worker; 1 is fastest for small "
+                          "models on few cores, null keeps torch's default."},
+    )
     save_freq: int = field(default=-1, metadata={"help": "Checkpoint every N steps (-1 disables)."})
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
