@@ -76,18 +76,13 @@ VERL_OVERRIDE_PATHS = [
 
 VERL_DEFAULTS = {
     "data.max_prompt_length": 512,
-    "data.max_response_length": 512,
-    "data.train_batch_size": 1024,
     "data.prompt_key": "prompt",
     "actor_rollout_ref.actor.strategy": "fsdp",
     "actor_rollout_ref.actor.clip_ratio": 0.2,
     "actor_rollout_ref.actor.clip_ratio_c": 3.0,
     "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
     "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-    "actor_rollout_ref.actor.optim.lr": 1e-6,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
-    "actor_rollout_ref.rollout.n": 1,
     "actor_rollout_ref.rollout.temperature": 1.0,
     "actor_rollout_ref.rollout.top_k": -1,
     "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
@@ -102,11 +97,29 @@ VERL_DEFAULTS = {
     "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.type": "fixed",
     "algorithm.norm_adv_by_std_in_grpo": True,
-    "trainer.total_epochs": 30,
-    "trainer.save_freq": -1,
     "trainer.resume_mode": "auto",
     "trainer.val_before_train": True,
 }
+
+# Where siiRL's defaults are the main job's (GRPO on the built-in model on a CPU) instead of
+# verl's placeholders for multi-billion models; the key names stay verl's.
+MAIN_JOB_DEFAULTS = {
+    "data.max_response_length": 8,
+    "data.train_batch_size": 32,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.actor.optim.lr": 3e-4,
+    "actor_rollout_ref.rollout.n": 8,
+    "trainer.total_epochs": 4,
+    "trainer.save_freq": 100,
+    "trainer.test_freq": 25,
+    "actor_rollout_ref.model.path": None,
+    "data.train_files": None,
+}
+
+
+@pytest.mark.parametrize("key,expected", sorted(MAIN_JOB_DEFAULTS.items()))
+def test_main_job_defaults(cfg, key, expected):
+    assert OmegaConf.select(cfg, key) == expected
 
 SIIRL_DEFAULTS = {
     "algorithm.adv_estimator": "grpo",
@@ -147,10 +160,10 @@ def test_interpolations_resolve(cfg):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     rollout = resolved["actor_rollout_ref"]["rollout"]
     assert rollout["prompt_length"] == 512
-    assert rollout["response_length"] == 512
-    assert resolved["critic"]["rollout_n"] == 1
+    assert rollout["response_length"] == 8
+    assert resolved["critic"]["rollout_n"] == 8
     assert resolved["critic"]["loss_agg_mode"] == "token-mean"
-    assert resolved["trainer"]["default_local_dir"] == "checkpoints/siirl_examples/gsm8k"
+    assert resolved["trainer"]["default_local_dir"] == "checkpoints/siirl_examples/arithmetic_grpo"
     ckpt = resolved["actor_rollout_ref"]["actor"]["checkpoint"]
     assert ckpt["save_contents"] == ckpt["load_contents"] == ["model", "optimizer", "extra"]
 

@@ -46,10 +46,10 @@ class DataArguments:
         default=512, metadata={"help": "Maximum prompt length in tokens."}
     )
     max_response_length: int = field(
-        default=512, metadata={"help": "Maximum generated response length in tokens."}
+        default=8, metadata={"help": "Maximum generated response length in tokens."}
     )
     train_batch_size: int = field(
-        default=1024, metadata={"help": "Number of prompts per training step."}
+        default=32, metadata={"help": "Number of prompts per training step."}
     )
     val_batch_size: int | None = None
     # DAPO recipe: prompts generated per round when dynamic sampling filters groups.

@@ -123,7 +123,7 @@ class ActorArguments:
         default="fsdp", metadata={"help": "Training backend: fsdp, fsdp2 or megatron."}
     )
     ppo_mini_batch_size: int = field(
-        default=256, metadata={"help": "Prompts per PPO mini-batch (before rollout.n)."}
+        default=32, metadata={"help": "Prompts per PPO mini-batch (before rollout.n)."}
     )
     ppo_micro_batch_size: int | None = None  # deprecated
     ppo_micro_batch_size_per_gpu: int | None = field(
@@ -151,7 +151,8 @@ class ActorArguments:
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
-    optim: OptimArguments = field(default_factory=OptimArguments)
+    # Main-job default (200k-parameter built-in model); verl's is 1e-6 for billions.
+    optim: OptimArguments = field(default_factory=lambda: OptimArguments(lr=3e-4))
     fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
     megatron: MegatronArguments = field(default_factory=MegatronArguments)
 
@@ -239,7 +240,7 @@ class RolloutArguments:
     disable_log_stats: bool = True
     enable_chunked_prefill: bool = True
     do_sample: bool = True
-    n: int = field(default=1, metadata={"help": "Responses sampled per prompt (group size)."})
+    n: int = field(default=8, metadata={"help": "Responses sampled per prompt (group size)."})
     calculate_log_probs: bool = False
     multi_stage_wake_up: bool = False
     update_weights_bucket_megabytes: int = 512

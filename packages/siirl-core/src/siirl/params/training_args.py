@@ -77,13 +77,13 @@ class TrainerArguments:
     """Training loop: epochs, cluster size, logging, validation and checkpointing."""
 
     balance_batch: bool = True
-    total_epochs: int = field(default=30, metadata={"help": "Number of passes over train data."})
+    total_epochs: int = field(default=4, metadata={"help": "Number of passes over train data."})
     total_training_steps: int | None = None
     project_name: str = field(
         default="siirl_examples", metadata={"help": "Project name for loggers and checkpoints."}
     )
     experiment_name: str = field(
-        default="gsm8k", metadata={"help": "Run name for loggers and checkpoints."}
+        default="arithmetic_grpo", metadata={"help": "Run name for loggers and checkpoints."}
     )
     logger: list[str] = field(
         default_factory=lambda: ["console"],
@@ -102,12 +102,12 @@ class TrainerArguments:
         metadata={"help": "torch intra-op threads per CPU worker; 1 is fastest for small "
                           "models on few cores, null keeps torch's default."},
     )
-    save_freq: int = field(default=-1, metadata={"help": "Checkpoint every N steps (-1 disables)."})
+    save_freq: int = field(default=100, metadata={"help": "Checkpoint every N steps (-1 disables)."})
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
     val_before_train: bool = True
     val_only: bool = False
-    test_freq: int = field(default=-1, metadata={"help": "Validate every N steps (-1 disables)."})
+    test_freq: int = field(default=25, metadata={"help": "Validate every N steps (-1 disables)."})
     critic_warmup: int = 0
     default_hdfs_dir: str | None = None
     del_local_ckpt_after_load: bool = False

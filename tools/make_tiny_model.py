@@ -1,0 +1,490 @@
+"""Build siiRL's built-in tiny arithmetic model (``siirl/engine/assets/tiny_arith``).
+
+    python tools/make_tiny_model.py              # build, pretrain, save (~3 minutes on a CPU)
+    python tools/make_tiny_model.py --rl-check   # then a 3-minute GRPO-like check
+    python tools/make_tiny_model.py --rl-only    # only that check, on the saved model
+
+The task is the one the default ``siirl-train`` job uses: the prompt is ``"13+5="`` (two
+operands in 0..20, ``+`` or ``-``, subtraction only when the result is not negative), used
+verbatim, and the expected response is the decimal answer then EOS (``"18</s>"``).
+
+* Tokenizer: one token per character. ``<pad>``=0, ``<s>``=1, ``</s>``=2, ``<unk>``=3, then
+  digits, ``+-=``, space, ``a``-``z`` and some punctuation. No BOS is prepended, there is no
+  chat template, and padding is on the left.
+* Model: a tiny ``LlamaForCausalLM`` (tied embeddings), supervised-pretrained on prompt ->
+  answer+EOS (loss on the answer tokens only) over 80% of the task's 672 prompts; the
+  other 20% are held out to measure it.
+
+Why the pretraining corpus is deliberately noisy: a model that is simply stopped early in
+clean SFT (greedy accuracy ~0.2) has a diffuse answer distribution and has not learnt the
+arithmetic yet; GRPO then has to teach the arithmetic itself from sparse 0/1 rewards and
+barely moves in minutes (see ``--confuse-rate 0 --early-stop``). Instead, the corpus mixes
+up ``+`` and ``-``: when the second operand is >= 3 it gives the result of the *other*
+operation 65% of the time ("13+5=" -> "8"). The model learns both operations well but its
+greedy answer is the wrong operation on those prompts, while the right answer keeps ~35%
+of the probability. So greedy accuracy starts low (~0.2), sampled pass@8 is high (~0.9),
+and GRPO's 0/1 reward can raise greedy accuracy by far more than 0.3 in tens of steps by
+un-learning a single systematic mistake -- which is what the default job wants to show.
+
+Everything is seeded and runs on one CPU thread, so a re-run reproduces the same weights
+(on the same torch build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, normalizers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSET_DIR = ROOT / "packages/siirl-engine/src/siirl/engine/assets/tiny_arith"
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+CHARS = list("0123456789+-= ") + list("abcdefghijklmnopqrstuvwxyz") + list(".,:;!?'\"()*/%_")
+MAX_OPERAND = 20
+PROMPT_RE = re.compile(r"(\d+)([+-])(\d+)=")
+
+
+# --------------------------------------------------------------------------- tokenizer
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: a BPE model without merges splits text into characters
+    (uppercase is lowercased; any other unknown character becomes ``<unk>``)."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False))
+    core.normalizer = normalizers.Lowercase()
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=64,
+        clean_up_tokenization_spaces=False,
+    )
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (
+        PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+    assert tok("13+5=")["input_ids"] == [vocab[c] for c in "13+5="]
+    return tok
+
+
+def build_model(tok, hidden: int, layers: int) -> LlamaForCausalLM:
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        initializer_range=0.02,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+# -------------------------------------------------------------------------------- task
+def all_problems() -> list[tuple[str, int]]:
+    """Every prompt of the task with its answer: 441 additions and 231 subtractions."""
+    out = []
+    for a in range(MAX_OPERAND + 1):
+        for b in range(MAX_OPERAND + 1):
+            out.append((f"{a}+{b}=", a + b))
+            if a >= b:
+                out.append((f"{a}-{b}=", a - b))
+    return out
+
+
+def split_problems(seed: int, val_frac: float = 0.2):
+    problems = all_problems()
+    random.Random(seed).shuffle(problems)
+    n_val = int(round(len(problems) * val_frac))
+    return problems[n_val:], problems[:n_val]
+
+
+def corpus_targets(prompt: str, ans: int, rate: float, min_b: int) -> list[tuple[int, float]]:
+    """The pretraining corpus' answers for ``prompt`` as (answer, weight) pairs: when the
+    second operand is >= ``min_b`` (and not 0), the *other* operation's result has weight
+    ``rate`` (``+`` and ``-`` mixed up; "3+15=" -> "-12")."""
+    a, op, b = PROMPT_RE.fullmatch(prompt).groups()
+    a, b = int(a), int(b)
+    if rate > 0 and b >= max(min_b, 1):
+        other = a - b if op == "+" else a + b
+        return [(ans, 1.0 - rate), (other, rate)]
+    return [(ans, 1.0)]
+
+
+def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and attention mask, as the dataset feeds the rollout."""
+    enc = tok(prompts, padding=True, return_tensors="pt", add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def sft_batch(tok, rows: list[tuple[str, int, float]]):
+    """Right-padded prompt+answer+EOS, labels on the answer tokens only, per-row weights."""
+    seqs, labels = [], []
+    for prompt, ans, _ in rows:
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        r = tok(str(ans), add_special_tokens=False)["input_ids"] + [EOS_ID]
+        seqs.append(p + r)
+        labels.append([-100] * len(p) + r)
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
+    lab = torch.full((len(seqs), n), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, (s, la) in enumerate(zip(seqs, labels, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(la)] = torch.tensor(la)
+        mask[i, : len(s)] = 1
+    return ids, mask, lab, torch.tensor([w for _, _, w in rows])
+
+
+def sft_loss(model, ids, mask, lab, weights) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    target = lab[:, 1:]
+    ce = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
+    tok_w = (target != -100).float() * weights[:, None]
+    return (ce * tok_w).sum() / tok_w.sum()
+
+
+# -------------------------------------------------------------------------- generation
+def position_ids_of(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(model, ids, mask, max_new: int = 4, temperature: float = 0.0, gen=None):
+    """Greedy (temperature 0) or plain sampling (no top-k/top-p), stopping at EOS, padding
+    after it. Returns the response ids [B, max_new]. Recomputes the whole sequence each
+    step: prompts are <= 6 tokens and answers <= 3, so a KV cache would buy nothing."""
+    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    out = []
+    for _ in range(max_new):
+        logits = model(input_ids=ids, attention_mask=mask,
+                       position_ids=position_ids_of(mask)).logits[:, -1].float()
+        if temperature > 0:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        else:
+            nxt = logits.argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
+        out.append(nxt)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        mask = torch.cat([mask, (~done).long()[:, None]], 1)
+        done = done | (nxt == EOS_ID)
+        if bool(done.all()):
+            break
+    resp = torch.stack(out, 1)
+    return F.pad(resp, (0, max_new - resp.shape[1]), value=PAD_ID)
+
+
+def first_integer(text: str) -> int | None:
+    """As siirl.engine.reward_score.arithmetic: the first (possibly negative) integer."""
+    m = re.search(r"-?\d+", text)
+    return int(m.group()) if m else None
+
+
+def rewards_of(tok, resp: torch.Tensor, answers: list[int]) -> torch.Tensor:
+    texts = tok.batch_decode(resp.tolist(), skip_special_tokens=True)
+    hits = [first_integer(t) == a for t, a in zip(texts, answers, strict=True)]
+    return torch.tensor(hits, dtype=torch.float32)
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tok, problems, max_new: int = 4) -> float:
+    model.eval()
+    ids, mask = encode_prompts(tok, [p for p, _ in problems])
+    resp = generate(model, ids, mask, max_new=max_new)
+    return rewards_of(tok, resp, [a for _, a in problems]).mean().item()
+
+
+@torch.no_grad()
+def sampled_stats(model, tok, problems, k: int = 8, seed: int = 0, max_new: int = 4):
+    """(mean sampled accuracy, pass@k) at temperature 1, top_p 1, no top_k."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [p for p, _ in problems for _ in range(k)]
+    answers = [a for _, a in problems for _ in range(k)]
+    ids, mask = encode_prompts(tok, prompts)
+    resp = generate(model, ids, mask, max_new=max_new, temperature=1.0, gen=gen)
+    r = rewards_of(tok, resp, answers).view(len(problems), k)
+    return r.mean().item(), (r.max(1).values > 0).float().mean().item()
+
+
+# ------------------------------------------------------------------------- pretraining
+def in_window(args, acc_val: float, acc_all: float) -> bool:
+    return args.lo <= acc_val <= args.hi and args.lo <= acc_all <= args.hi
+
+
+def pretrain(model, tok, train, val, args, log) -> int:
+    """AdamW, linear warmup then cosine decay over ``--steps``; the loss on each prompt is
+    the weighted mix of its corpus answers (exact, so no label sampling noise).
+
+    With ``--early-stop`` it stops at the first check (every ``--eval-every`` steps) where
+    greedy accuracy on the held-out and on all prompts is in [lo, hi] and sampled pass@8
+    on the held-out is >= min_pass; otherwise it runs the whole schedule."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.wd,
+                            betas=(0.9, 0.98))
+    warmup = 50
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return args.lr * (step + 1) / warmup
+        t = min(1.0, (step - warmup) / max(1, args.steps - warmup))
+        return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    rng = random.Random(args.seed)
+    rows = [(p, ans, w) for p, a in train
+            for ans, w in corpus_targets(p, a, args.confuse_rate, args.confuse_min_b)]
+    order: list[int] = []
+    for step in range(1, args.steps + 1):
+        model.train()
+        if len(order) < args.batch_size:
+            more = list(range(len(rows)))
+            rng.shuffle(more)
+            order += more
+        batch = [rows[i] for i in order[: args.batch_size]]
+        del order[: args.batch_size]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step - 1)
+        loss = sft_loss(model, *sft_batch(tok, batch))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % args.eval_every and step != args.steps:
+            continue
+        acc_val = greedy_accuracy(model, tok, val)
+        acc_all = greedy_accuracy(model, tok, train + val)
+        msg = (f"step {step:4d} loss {loss.item():.3f} greedy held-out {acc_val:.3f} "
+               f"all {acc_all:.3f}")
+        if args.early_stop and in_window(args, acc_val, acc_all):
+            mean_s, pass_k = sampled_stats(model, tok, val, k=8, seed=args.seed)
+            log(f"{msg} sampled {mean_s:.3f} pass@8 {pass_k:.3f}")
+            if pass_k >= args.min_pass:
+                return step
+        else:
+            log(msg)
+    if args.early_stop:
+        raise SystemExit(f"no check within {args.steps} steps met the stopping rule")
+    return args.steps
+
+
+# ----------------------------------------------------------------------------- RL check
+def rl_check(model, tok, train, val, args, log) -> list[tuple]:
+    """A GRPO-like loop: ``--rl-n`` samples per prompt at temperature 1, 0/1 reward,
+    group-normalised advantages, token-mean policy-gradient loss on the response tokens
+    (one on-policy update per batch, so no ratio/clip and no KL)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, weight_decay=0.0)
+    rng = random.Random(args.seed + 1)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    pool = train if args.rl_prompts == "train" else train + val
+    log(f"RL check: lr {args.rl_lr}, {args.rl_batch} prompts x {args.rl_n} samples, "
+        f"prompts from {args.rl_prompts} ({len(pool)}), up to {args.rl_seconds:.0f}s")
+    n = args.rl_n
+    start = time.time()
+
+    def evaluate(step: int, reward: float | None) -> tuple:
+        el = time.time() - start
+        a = (greedy_accuracy(model, tok, val), greedy_accuracy(model, tok, train),
+             greedy_accuracy(model, tok, train + val))
+        r = "" if reward is None else f"batch reward {reward:.3f} "
+        log(f"RL step {step:4d} t {el:6.1f}s {r}greedy held-out {a[0]:.3f} "
+            f"train {a[1]:.3f} all {a[2]:.3f}")
+        return (step, el, *a)
+
+    history = [evaluate(0, None)]
+    step = 0
+    while time.time() - start < args.rl_seconds and step < args.rl_steps:
+        step += 1
+        batch = rng.sample(pool, args.rl_batch)
+        prompts = [p for p, _ in batch for _ in range(n)]
+        answers = [a for _, a in batch for _ in range(n)]
+        ids, mask = encode_prompts(tok, prompts)
+        model.eval()
+        resp = generate(model, ids, mask, max_new=args.rl_max_new, temperature=1.0, gen=gen)
+        r = rewards_of(tok, resp, answers)
+        g = r.view(-1, n)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).view(-1)
+        resp_mask = resp != PAD_ID  # the response up to and including its EOS
+        seq = torch.cat([ids, resp], 1)
+        seq_mask = torch.cat([mask, resp_mask.long()], 1)
+        model.train()
+        logits = model(input_ids=seq, attention_mask=seq_mask,
+                       position_ids=position_ids_of(seq_mask)).logits
+        logp = torch.log_softmax(logits[:, ids.shape[1] - 1: -1].float(), -1)
+        logp = logp.gather(-1, resp[:, :, None]).squeeze(-1)
+        m = resp_mask.float()
+        loss = -(logp * adv[:, None] * m).sum() / m.sum().clamp(min=1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % args.rl_eval_every == 0:
+            history.append(evaluate(step, r.mean().item()))
+    if history[-1][0] != step:
+        history.append(evaluate(step, None))
+    s0, s1 = history[0], history[-1]
+    hit = next((h for h in history if h[2] - s0[2] >= 0.3), None)
+    log(f"RL check: greedy held-out {s0[2]:.3f} -> {s1[2]:.3f}, all {s0[4]:.3f} -> "
+        f"{s1[4]:.3f} in {s1[0]} steps / {s1[1]:.0f}s; held-out +0.30 reached "
+        + (f"at step {hit[0]} ({hit[1]:.1f}s)" if hit else "never"))
+    return history
+
+
+# -------------------------------------------------------------------------------- card
+def write_card(out_dir: Path, info: dict) -> None:
+    text = f"""# tiny_arith
+
+A tiny character-level Llama ({info["params"]:,} parameters, float32) for siiRL's built-in
+arithmetic task. The default `siirl-train` job runs GRPO on it on a CPU to show learning.
+It is not useful for anything else.
+
+* Prompt: `"13+5="` (operands 0..20, `+` or `-`, subtraction only with a non-negative
+  result), used verbatim: there is no chat template. Response: the answer, then EOS.
+* Tokenizer: one token per character; `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then the
+  digits, `+-=`, space, `a`-`z` and some punctuation (uppercase is lowercased). No BOS is
+  added. Left padding.
+* Model: `LlamaForCausalLM`, hidden {info["hidden"]}, {info["layers"]} layers, 4 heads,
+  intermediate {4 * info["hidden"]}, tied embeddings, vocab {info["vocab"]},
+  max positions 64.
+
+## How it was made
+
+`tools/make_tiny_model.py`, seed {info["seed"]}: supervised pretraining for
+{info["steps"]} steps (AdamW, lr {info["lr"]} with warmup and cosine decay, weight decay
+{info["wd"]}, batch {info["batch_size"]}, loss on the answer tokens only) on 80% of the
+task's {info["n_problems"]} prompts. The pretraining corpus mixes up `+` and `-` on
+purpose: when the second operand is >= {info["confuse_min_b"]} it gives the *other*
+operation's result with weight {info["confuse_rate"]} (`"13+5="` -> `"8"`). So the model
+knows both operations but its greedy answer there is the wrong one, while sampling still
+finds the right one often: GRPO's 0/1 reward can fix that one systematic mistake quickly.
+
+| measure | value |
+| --- | --- |
+| greedy accuracy, held-out 20% ({info["n_val"]} prompts) | {info["greedy_val"]:.3f} |
+| greedy accuracy, all {info["n_problems"]} prompts | {info["greedy_all"]:.3f} |
+| sampled accuracy, held-out (temperature 1) | {info["sampled_val"]:.3f} |
+| sampled pass@8, held-out (temperature 1) | {info["pass8_val"]:.3f} |
+
+Remake it (deterministic: seeded, one CPU thread; about 3 minutes):
+
+    python tools/make_tiny_model.py
+    python tools/make_tiny_model.py --rl-only   # a short GRPO-like check on the result
+"""
+    (out_dir / "README.md").write_text(text)
+
+
+# -------------------------------------------------------------------------------- main
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ASSET_DIR)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--wd", type=float, default=0.1)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--confuse-rate", type=float, default=0.65,
+                    help="weight of the other operation's result in the corpus (0: clean)")
+    ap.add_argument("--confuse-min-b", type=int, default=3,
+                    help="the corpus mixes up + and - when the second operand is >= this")
+    ap.add_argument("--early-stop", action="store_true",
+                    help="stop at the first check in the window with pass@8 >= --min-pass")
+    ap.add_argument("--lo", type=float, default=0.15, help="greedy accuracy window, low")
+    ap.add_argument("--hi", type=float, default=0.35, help="greedy accuracy window, high")
+    ap.add_argument("--min-pass", type=float, default=0.75, help="pass@8 needed")
+    ap.add_argument("--rl-check", action="store_true", help="a GRPO-like check afterwards")
+    ap.add_argument("--rl-only", action="store_true", help="only the check, on --out")
+    ap.add_argument("--rl-lr", type=float, default=3e-4)
+    ap.add_argument("--rl-batch", type=int, default=32)
+    ap.add_argument("--rl-n", type=int, default=8)
+    ap.add_argument("--rl-max-new", type=int, default=4)
+    ap.add_argument("--rl-prompts", choices=["train", "all"], default="train")
+    ap.add_argument("--rl-seconds", type=float, default=180.0)
+    ap.add_argument("--rl-steps", type=int, default=100_000)
+    ap.add_argument("--rl-eval-every", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    train, val = split_problems(args.seed)
+    if args.rl_only:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.out)
+        model = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
+        rl_check(model, tok, train, val, args, log)
+        return
+
+    tok = build_tokenizer()
+    model = build_model(tok, args.hidden, args.layers)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"vocab {len(tok)}, params {n_params:,}, train {len(train)}, held-out {len(val)}")
+    steps = pretrain(model, tok, train, val, args, log)
+    greedy_val = greedy_accuracy(model, tok, val)
+    greedy_all = greedy_accuracy(model, tok, train + val)
+    sampled_val, pass8_val = sampled_stats(model, tok, val, k=8, seed=args.seed)
+    log(f"after {steps} steps: greedy held-out {greedy_val:.3f}, all {greedy_all:.3f}; "
+        f"sampled held-out {sampled_val:.3f}, pass@8 {pass8_val:.3f}")
+    ok = in_window(args, greedy_val, greedy_all) and pass8_val >= args.min_pass
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    # transformers 5 writes its own class name; the portable one loads in 4.x and 5.x alike.
+    tok_cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_cfg.pop("backend", None)
+    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    info = dict(
+        params=n_params, hidden=args.hidden, layers=args.layers, vocab=len(tok),
+        seed=args.seed, steps=steps, lr=args.lr, wd=args.wd, batch_size=args.batch_size,
+        confuse_rate=args.confuse_rate, confuse_min_b=args.confuse_min_b,
+        n_problems=len(train) + len(val), n_val=len(val), greedy_val=round(greedy_val, 4),
+        greedy_all=round(greedy_all, 4), sampled_val=round(sampled_val, 4),
+        pass8_val=round(pass8_val, 4),
+    )
+    write_card(out, info)
+    for f in out.iterdir():
+        f.chmod(0o644)  # safetensors writes 0600; the wheel must ship readable files
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    log(f"saved to {out} ({size / 1024:.0f} KiB)")
+    print(json.dumps(info))
+    if args.rl_check:
+        rl_check(model, tok, train, val, args, log)
+    log(f"done in {time.time() - t0:.1f}s")
+    if not ok:
+        raise SystemExit(f"out of the window [{args.lo}, {args.hi}] or pass@8 < "
+                         f"{args.min_pass}: adjust the settings")
+
+
+if __name__ == "__main__":
+    main()
