@@ -102,7 +102,9 @@ class TrainerArguments:
         metadata={"help": "torch intra-op threads per CPU worker; 1 is fastest for small "
                           "models on few cores, null keeps torch's default."},
     )
-    save_freq: int = field(default=100, metadata={"help": "Checkpoint every N steps (-1 disables)."})
+    save_freq: int = field(
+        default=100, metadata={"help": "Checkpoint every N steps (-1 disables)."}
+    )
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
     val_before_train: bool = True
