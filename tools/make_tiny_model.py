@@ -15,16 +15,16 @@ verbatim, and the expected response is the decimal answer then EOS (``"18</s>"``
   answer+EOS (loss on the answer tokens only) over 80% of the task's 672 prompts; the
   other 20% are held out to measure it.
 
-Why the pretraining corpus is deliberately noisy: a model that is simply stopped early in
-clean SFT (greedy accuracy ~0.2) has a diffuse answer distribution and has not learnt the
-arithmetic yet; GRPO then has to teach the arithmetic itself from sparse 0/1 rewards and
-barely moves in minutes (see ``--confuse-rate 0 --early-stop``). Instead, the corpus mixes
-up ``+`` and ``-``: when the second operand is >= 3 it gives the result of the *other*
-operation 65% of the time ("13+5=" -> "8"). The model learns both operations well but its
-greedy answer is the wrong operation on those prompts, while the right answer keeps ~35%
-of the probability. So greedy accuracy starts low (~0.2), sampled pass@8 is high (~0.9),
-and GRPO's 0/1 reward can raise greedy accuracy by far more than 0.3 in tens of steps by
-un-learning a single systematic mistake -- which is what the default job wants to show.
+Pretraining stops early, at the first check (every ``--eval-every`` steps) where greedy
+accuracy is inside the window (``--lo``..``--hi``) and sampled pass@8 is at least
+``--min-pass``: the model has started to learn the arithmetic but its greedy answer is still
+often wrong while the right answer is usually among 8 samples, which is the signal GRPO's
+0/1 reward needs. The default job then raises greedy validation accuracy from about 0.33 to
+about 0.8 (measured in docs/ and the closing notes, not asserted here).
+
+``--confuse-rate R`` is an alternative recipe, off by default: it mixes up ``+`` and ``-`` in
+the pretraining answers with weight R, planting one systematic mistake that GRPO un-learns in
+a few steps. It makes a faster demo but a less honest one, so the shipped model is clean.
 
 Everything is seeded and runs on one CPU thread, so a re-run reproduces the same weights
 (on the same torch build).
@@ -348,6 +348,7 @@ def rl_check(model, tok, train, val, args, log) -> list[tuple]:
 
 # -------------------------------------------------------------------------------- card
 def write_card(out_dir: Path, info: dict) -> None:
+    confusion_note = _confusion_note(info)
     text = f"""# tiny_arith
 
 A tiny character-level Llama ({info["params"]:,} parameters, float32) for siiRL's built-in
@@ -368,12 +369,10 @@ It is not useful for anything else.
 `tools/make_tiny_model.py`, seed {info["seed"]}: supervised pretraining for
 {info["steps"]} steps (AdamW, lr {info["lr"]} with warmup and cosine decay, weight decay
 {info["wd"]}, batch {info["batch_size"]}, loss on the answer tokens only) on 80% of the
-task's {info["n_problems"]} prompts. The pretraining corpus mixes up `+` and `-` on
-purpose: when the second operand is >= {info["confuse_min_b"]} it gives the *other*
-operation's result with weight {info["confuse_rate"]} (`"13+5="` -> `"8"`). So the model
-knows both operations but its greedy answer there is the wrong one, while sampling still
-finds the right one often: GRPO's 0/1 reward can fix that one systematic mistake quickly.
-
+task's {info["n_problems"]} prompts, stopped early at the first check where greedy
+accuracy was in the window and sampled pass@8 was high: the right answer is usually among
+8 samples but often not the greedy one, which is what GRPO's 0/1 reward can improve.
+{confusion_note}
 | measure | value |
 | --- | --- |
 | greedy accuracy, held-out 20% ({info["n_val"]} prompts) | {info["greedy_val"]:.3f} |
@@ -389,6 +388,13 @@ Remake it (deterministic: seeded, one CPU thread; about 3 minutes):
     (out_dir / "README.md").write_text(text)
 
 
+def _confusion_note(info: dict) -> str:
+    if not info["confuse_rate"]:
+        return "The pretraining answers are all correct (`--confuse-rate 0`).\n"
+    return (f"The pretraining corpus mixes up `+` and `-` on purpose (`--confuse-rate "
+            f"{info['confuse_rate']}`, second operand >= {info['confuse_min_b']}).\n")
+
+
 # -------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -400,12 +406,12 @@ def main(argv=None) -> None:
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--confuse-rate", type=float, default=0.65,
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--confuse-rate", type=float, default=0.0,
                     help="weight of the other operation's result in the corpus (0: clean)")
     ap.add_argument("--confuse-min-b", type=int, default=3,
                     help="the corpus mixes up + and - when the second operand is >= this")
-    ap.add_argument("--early-stop", action="store_true",
+    ap.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=True,
                     help="stop at the first check in the window with pass@8 >= --min-pass")
     ap.add_argument("--lo", type=float, default=0.15, help="greedy accuracy window, low")
     ap.add_argument("--hi", type=float, default=0.35, help="greedy accuracy window, high")

@@ -87,7 +87,7 @@ def test_resume_is_exact(tmp_path):
 
 
 def test_raising_and_hanging_reward_functions_leave_the_run_going(tmp_path):
-    proc = siirl_train(tmp_path, *SMALL, "trainer.total_training_steps=1",
+    proc = siirl_train(tmp_path, *SMALL, "trainer.total_training_steps=1", "trainer.test_freq=-1",
                        "trainer.val_before_train=false",
                        "reward_model.reward_manager=parallel",
                        f"custom_reward_function.path={HERE / 'siirl_e2e_rewards.py'}",

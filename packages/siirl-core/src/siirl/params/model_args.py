@@ -152,7 +152,7 @@ class ActorArguments:
     entropy_checkpointing: bool = False
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
     # Main-job default (200k-parameter built-in model); verl's is 1e-6 for billions.
-    optim: OptimArguments = field(default_factory=lambda: OptimArguments(lr=3e-4))
+    optim: OptimArguments = field(default_factory=lambda: OptimArguments(lr=2e-4))
     fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
     megatron: MegatronArguments = field(default_factory=MegatronArguments)
 

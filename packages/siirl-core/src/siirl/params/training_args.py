@@ -77,7 +77,7 @@ class TrainerArguments:
     """Training loop: epochs, cluster size, logging, validation and checkpointing."""
 
     balance_batch: bool = True
-    total_epochs: int = field(default=4, metadata={"help": "Number of passes over train data."})
+    total_epochs: int = field(default=8, metadata={"help": "Number of passes over train data."})
     total_training_steps: int | None = None
     project_name: str = field(
         default="siirl_examples", metadata={"help": "Project name for loggers and checkpoints."}
@@ -109,7 +109,7 @@ class TrainerArguments:
     resume_from_path: str | None = None
     val_before_train: bool = True
     val_only: bool = False
-    test_freq: int = field(default=25, metadata={"help": "Validate every N steps (-1 disables)."})
+    test_freq: int = field(default=50, metadata={"help": "Validate every N steps (-1 disables)."})
     critic_warmup: int = 0
     default_hdfs_dir: str | None = None
     del_local_ckpt_after_load: bool = False
