@@ -13,32 +13,23 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from siirl.dag_worker.name_registry import NameRegistry
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
-_ADV_ESTIMATORS: Dict[str, Callable] = {}
+_ADV_ESTIMATORS = NameRegistry("algorithm.adv_estimator", "advantage estimator")
 
 
 def register_adv_est(name: str) -> Callable[[Callable], Callable]:
-    def decorate(fn: Callable) -> Callable:
-        if name in _ADV_ESTIMATORS and _ADV_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator '{name}' is already registered")
-        _ADV_ESTIMATORS[name] = fn
-        return fn
-
-    return decorate
+    return _ADV_ESTIMATORS.register(name)
 
 
 def get_adv_estimator_fn(name: str) -> Callable:
-    key = getattr(name, "value", name)
-    if key not in _ADV_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator={key!r} is not registered; registered: "
-                          f"{', '.join(sorted(_ADV_ESTIMATORS))}")
-    return _ADV_ESTIMATORS[key]
+    return _ADV_ESTIMATORS.get(name)
 
 
 def registered_adv_estimators() -> list:
-    return sorted(_ADV_ESTIMATORS)
+    return _ADV_ESTIMATORS.names()
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -114,23 +105,20 @@ def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torc
 # weight micro-batches so that gradient accumulation reproduces the loss of the whole
 # mini-batch exactly, whatever the micro-batch size or data-parallel split.
 
-_AGG_MODES: Dict[str, Tuple[Callable, Optional[Callable]]] = {}
+_AGG_MODES = NameRegistry("loss_agg_mode", "loss aggregation mode")
 
 
 def register_agg_mode(name: str, units: Optional[Callable] = None):
     """``units(mask) -> count`` is what the mode divides by (None: the mode is a sum)."""
     def decorate(fn: Callable) -> Callable:
-        _AGG_MODES[name] = (fn, units)
+        _AGG_MODES.add(name, (fn, units))
         return fn
 
     return decorate
 
 
 def _agg_mode(name: str) -> Tuple[Callable, Optional[Callable]]:
-    if name not in _AGG_MODES:
-        raise ConfigError(f"loss_agg_mode={name!r} is not supported; supported: "
-                          f"{', '.join(sorted(_AGG_MODES))}")
-    return _AGG_MODES[name]
+    return _AGG_MODES.get(name)
 
 
 def _nonempty_rows(mask: torch.Tensor) -> torch.Tensor:
@@ -178,31 +166,22 @@ def agg_loss_units(loss_mask: torch.Tensor, loss_agg_mode: str) -> Optional[torc
 
 
 def registered_agg_modes() -> list:
-    return sorted(_AGG_MODES)
+    return _AGG_MODES.names()
 
 
 # ---- policy losses -------------------------------------------------------------------
 
-_POLICY_LOSSES: Dict[str, Callable] = {}
+_POLICY_LOSSES = NameRegistry("actor_rollout_ref.actor.policy_loss.loss_mode", "policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     """Register ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
     config) -> (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)`` under ``name``."""
-    def decorate(fn: Callable) -> Callable:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss '{name}' is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorate
+    return _POLICY_LOSSES.register(name)
 
 
 def get_policy_loss_fn(name: str) -> Callable:
-    if name not in _POLICY_LOSSES:
-        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={name!r} is not "
-                          f"registered; registered: {', '.join(sorted(_POLICY_LOSSES))}")
-    return _POLICY_LOSSES[name]
+    return _POLICY_LOSSES.get(name)
 
 
 @register_policy_loss("vanilla")
@@ -245,16 +224,11 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
 
 # ---- KL estimators -------------------------------------------------------------------
 
-_KL_ESTIMATORS: Dict[str, Callable] = {}
+_KL_ESTIMATORS = NameRegistry("kl penalty", "KL estimator")
 
 
 def register_kl_estimator(*names: str):
-    def decorate(fn: Callable) -> Callable:
-        for name in names:
-            _KL_ESTIMATORS[name] = fn
-        return fn
-
-    return decorate
+    return _KL_ESTIMATORS.register(*names)
 
 
 @register_kl_estimator("kl", "k1")
@@ -296,10 +270,8 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor,
     """
     straight_through = kl_penalty.endswith("+")
     name = kl_penalty[:-1] if straight_through else kl_penalty
-    if name not in _KL_ESTIMATORS:
-        raise ConfigError(f"kl penalty {kl_penalty!r} is not supported; supported: "
-                          f"{', '.join(sorted(_KL_ESTIMATORS))} (each also with a '+' suffix)")
-    value = _KL_ESTIMATORS[name](logprob, ref_logprob)
+    estimator = _KL_ESTIMATORS.get(name, hint=" (each also with a '+' suffix)")
+    value = estimator(logprob, ref_logprob)
     if not straight_through:
         return value
     k2 = _kl_k2(logprob, ref_logprob)
