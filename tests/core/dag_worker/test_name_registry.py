@@ -1,6 +1,7 @@
 """NameRegistry: the table behind core_algos' estimator, loss, aggregation and KL lookups."""
 
 import pytest
+
 from siirl.dag_worker.core_algos import get_adv_estimator_fn, registered_adv_estimators
 from siirl.dag_worker.name_registry import NameRegistry
 from siirl.errors import ConfigError
