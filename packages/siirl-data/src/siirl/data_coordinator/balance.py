@@ -1,0 +1,233 @@
+"""Pure planning algorithms for the DataBuffer's row redistribution (no torch.distributed).
+
+Every worker runs the same deterministic plan on the same metadata (row keys, token
+counts, group ids gathered from all ranks), so the ranks agree on who sends what
+without a coordinator. Hence: no randomness, and ties are broken by index.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Sequence
+
+from siirl.errors import DataError
+
+__all__ = ["imbalance", "karmarkar_karp", "lpt", "partition_rows", "plan_transfers"]
+
+
+def _check(weights: Sequence[float], k: int, equal_size: bool) -> None:
+    if k < 1:
+        raise DataError(f"need k >= 1 parts, got {k}")
+    if equal_size and len(weights) % k:
+        raise DataError(f"cannot split {len(weights)} items into {k} parts of equal size")
+    if any(w < 0 for w in weights):
+        raise DataError("weights (token counts) must be non-negative")
+
+
+def karmarkar_karp(weights: Sequence[float], k: int, equal_size: bool = True) -> list[list[int]]:
+    """k-way largest differencing method; returns k sorted index lists.
+
+    A state is k partial parts sorted by sum, descending. The two states with the largest
+    spread (max - min sum) are merged by pairing the heaviest part of one with the
+    lightest of the other, which cancels most of both spreads. With ``equal_size`` the
+    initial states are k-tuples of consecutive items in sorted order (one item per part),
+    so every merge keeps all parts at the same item count.
+    """
+    _check(weights, k, equal_size)
+    order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
+    if equal_size:
+        seeds = [order[o : o + k] for o in range(0, len(order), k)]
+    else:
+        seeds = [[i] for i in order]
+    heap: list = []
+    for tick, seed in enumerate(seeds):
+        state = [(weights[i], [i]) for i in seed] + [(0, [])] * (k - len(seed))
+        state.sort(key=lambda p: -p[0])  # stable sort: equal sums keep index order
+        heapq.heappush(heap, (-(state[0][0] - state[-1][0]), tick, state))
+    tick = len(seeds)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = [(a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]) for i in range(k)]
+        merged.sort(key=lambda p: -p[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tick, merged))
+        tick += 1
+    if not heap:
+        return [[] for _ in range(k)]
+    return [sorted(items) for _, items in heap[0][2]]
+
+
+def lpt(weights: Sequence[float], k: int, equal_size: bool = True) -> list[list[int]]:
+    """Greedy longest-processing-time: heaviest item first onto the lightest open part.
+
+    With ``equal_size`` a part is closed once it holds n/k items (the count cap).
+    """
+    _check(weights, k, equal_size)
+    cap = len(weights) // k if equal_size else len(weights)
+    parts: list[list[int]] = [[] for _ in range(k)]
+    sums = [0.0] * k
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        p = min((q for q in range(k) if len(parts[q]) < cap), key=lambda q: (sums[q], q))
+        parts[p].append(i)
+        sums[p] += weights[i]
+    return [sorted(p) for p in parts]
+
+
+_METHODS = {"karmarkar_karp": karmarkar_karp, "lpt": lpt}
+
+
+def partition_rows(
+    token_counts: Sequence[int],
+    k: int,
+    group_ids: Sequence[Hashable] | None = None,
+    method: str = "karmarkar_karp",
+) -> list[list[int]]:
+    """Split rows into k parts of equal row count with balanced token sums.
+
+    With ``group_ids`` each group (e.g. the n samples of one prompt, needed together for
+    GRPO advantages) is one item weighing its token sum, so it lands whole in one part.
+    Groups must all have the same size, else equal group counts would not give equal
+    row counts. Rows within a part are ascending.
+    """
+    if method not in _METHODS:
+        raise DataError(f"unknown balance method {method!r}; choose from {sorted(_METHODS)}")
+    if group_ids is None:
+        return _METHODS[method](list(token_counts), k, equal_size=True)
+    if len(group_ids) != len(token_counts):
+        raise DataError(f"{len(group_ids)} group ids for {len(token_counts)} rows")
+    members: dict[Hashable, list[int]] = {}  # first-appearance order, for determinism
+    for row, gid in enumerate(group_ids):
+        members.setdefault(gid, []).append(row)
+    groups = list(members.values())
+    sizes = sorted({len(g) for g in groups})
+    if len(sizes) > 1:
+        raise DataError(f"groups must all have the same size to balance rows; got sizes {sizes}")
+    if len(groups) % max(k, 1):
+        raise DataError(f"cannot split {len(groups)} groups into {k} parts of equal size")
+    weights = [sum(token_counts[r] for r in g) for g in groups]
+    parts = _METHODS[method](weights, k, equal_size=True)
+    return [sorted(r for gi in part for r in groups[gi]) for part in parts]
+
+
+def _hungarian(cost: Sequence[Sequence[float]]) -> list[int]:
+    """Min-cost perfect matching on a square matrix (O(n^3) potentials method).
+
+    Returns ``col[row]``. scipy is not a dependency, and k (ranks) is small.
+    """
+    n = len(cost)
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    match, way = [0] * (n + 1), [0] * (n + 1)  # match[col] = row, 1-based; 0 = free
+    for row in range(1, n + 1):
+        match[0], j0 = row, 0
+        minv, used = [inf] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = match[j0], inf, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[match[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if match[j0] == 0:
+                break
+        while j0:  # augment along the alternating path
+            j1 = way[j0]
+            match[j0] = match[j1]
+            j0 = j1
+    col = [0] * n
+    for j in range(1, n + 1):
+        col[match[j] - 1] = j - 1
+    return col
+
+
+def plan_transfers(
+    src_rows: Sequence[Sequence[tuple]],
+    dst_size: int,
+    *,
+    keep_in_place: bool = True,
+    method: str = "karmarkar_karp",
+) -> dict:
+    """Plan which rows each destination rank receives.
+
+    ``src_rows[s]`` lists ``(row_key, tokens, group_id)`` held by source rank s; keys are
+    unique across ranks, and ``group_id`` None means a row with no group.
+
+    Rule: if ``keep_in_place`` and the source and destination layouts have the same size,
+    nothing moves (the DataBuffer keeps batches in place between nodes with the same
+    layout; each rank keeps its own counts). Otherwise the rows are first balanced by
+    tokens into ``dst_size`` parts of equal row count, groups whole (``partition_rows``),
+    then the parts are relabelled to destination ranks by a max-overlap matching
+    (Hungarian on overlap[part][rank] = rows of the part already held by source ``rank``),
+    which minimises moved rows for that partition.
+
+    Returns ``assignment`` {row_key: dst}, ``sends`` {(src, dst): [row_keys]} including
+    ``(s, s)`` entries for rows that stay, ``moved_rows`` (rows with src != dst),
+    ``dst_tokens`` per destination, and ``dst_rows``: each destination's keys ordered
+    by (source rank, source position), the order a receiver concatenates them in.
+    """
+    if dst_size < 1:
+        raise DataError(f"need dst_size >= 1, got {dst_size}")
+    keys, tokens, groups, src_of = [], [], [], []
+    for s, rows in enumerate(src_rows):
+        for row in rows:
+            if len(row) != 3:
+                raise DataError(f"rank {s} row {row!r} is not (row_key, tokens, group_id)")
+            keys.append(row[0])
+            tokens.append(row[1])
+            groups.append(row[2])
+            src_of.append(s)
+    if len(set(keys)) != len(keys):
+        dups = sorted({repr(x) for x in keys if keys.count(x) > 1})[:5]
+        raise DataError(f"row keys must be unique across ranks; repeated: {', '.join(dups)}")
+    if keep_in_place and len(src_rows) == dst_size:
+        dst_of = list(src_of)
+    else:
+        gids = None
+        if any(g is not None for g in groups):
+            # A None-group row is its own singleton group; the size check then reports
+            # the mix of sizes instead of silently splitting real groups.
+            gids = [g if g is not None else ("__ungrouped__", i) for i, g in enumerate(groups)]
+        parts = partition_rows(tokens, dst_size, gids, method)
+        overlap = [[0] * dst_size for _ in parts]
+        for p, part in enumerate(parts):
+            for i in part:
+                if src_of[i] < dst_size:
+                    overlap[p][src_of[i]] += 1
+        col = _hungarian([[-c for c in row] for row in overlap])
+        dst_of = [0] * len(keys)
+        for p, part in enumerate(parts):
+            for i in part:
+                dst_of[i] = col[p]
+    sends: dict[tuple[int, int], list] = {}
+    dst_rows: list[list] = [[] for _ in range(dst_size)]
+    dst_tokens = [0] * dst_size
+    for i, key in enumerate(keys):  # keys are in (source rank, source position) order
+        sends.setdefault((src_of[i], dst_of[i]), []).append(key)
+        dst_rows[dst_of[i]].append(key)
+        dst_tokens[dst_of[i]] += tokens[i]
+    return {
+        "assignment": dict(zip(keys, dst_of, strict=True)),
+        "sends": sends,
+        "moved_rows": sum(s != d for s, d in zip(src_of, dst_of, strict=True)),
+        "dst_tokens": dst_tokens,
+        "dst_rows": dst_rows,
+    }
+
+
+def imbalance(parts: Sequence[Sequence[int]], weights: Sequence[float]) -> float:
+    """Max part sum / mean part sum (1.0 is perfect; all-zero weights count as perfect)."""
+    if not parts:
+        raise DataError("imbalance needs at least one part")
+    sums = [sum(weights[i] for i in p) for p in parts]
+    mean = sum(sums) / len(sums)
+    return max(sums) / mean if mean > 0 else 1.0
