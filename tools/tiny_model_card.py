@@ -1,0 +1,55 @@
+"""The model card (README.md) written next to the built-in tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_card(out_dir: Path, info: dict) -> None:
+    confusion_note = _confusion_note(info)
+    text = f"""# tiny_arith
+
+A tiny character-level Llama ({info["params"]:,} parameters, float32) for siiRL's built-in
+arithmetic task. The default `siirl-train` job runs GRPO on it on a CPU to show learning.
+It is not useful for anything else.
+
+* Prompt: `"13+5="` (operands 0..20, `+` or `-`, subtraction only with a non-negative
+  result), used verbatim: there is no chat template. Response: the answer, then EOS.
+* Tokenizer: one token per character; `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then the
+  digits, `+-=`, space, `a`-`z` and some punctuation (uppercase is lowercased). No BOS is
+  added. Left padding.
+* Model: `LlamaForCausalLM`, hidden {info["hidden"]}, {info["layers"]} layers, 4 heads,
+  intermediate {4 * info["hidden"]}, tied embeddings, vocab {info["vocab"]},
+  max positions 64.
+
+## How it was made
+
+`tools/make_tiny_model.py`, seed {info["seed"]}: supervised pretraining for
+{info["steps"]} steps (AdamW, lr {info["lr"]} with warmup and cosine decay, weight decay
+{info["wd"]}, batch {info["batch_size"]}, loss on the answer tokens only) on 80% of the
+task's {info["n_problems"]} prompts, stopped early at the first check where greedy
+accuracy was in the window and sampled pass@8 was high: the right answer is usually among
+8 samples but often not the greedy one, which is what GRPO's 0/1 reward can improve.
+{confusion_note}
+| measure | value |
+| --- | --- |
+| greedy accuracy, held-out 20% ({info["n_val"]} prompts) | {info["greedy_val"]:.3f} |
+| greedy accuracy, all {info["n_problems"]} prompts | {info["greedy_all"]:.3f} |
+| sampled accuracy, held-out (temperature 1) | {info["sampled_val"]:.3f} |
+| sampled pass@8, held-out (temperature 1) | {info["pass8_val"]:.3f} |
+
+Remake it (deterministic: seeded, one CPU thread; about 3 minutes):
+
+    python tools/make_tiny_model.py
+    python tools/make_tiny_model.py --rl-only   # a short GRPO-like check on the result
+"""
+    (out_dir / "README.md").write_text(text)
+
+
+def _confusion_note(info: dict) -> str:
+    if not info["confuse_rate"]:
+        return "The pretraining answers are all correct (`--confuse-rate 0`).\n"
+    return (f"The pretraining corpus mixes up `+` and `-` on purpose (`--confuse-rate "
+            f"{info['confuse_rate']}`, second operand >= {info['confuse_min_b']}).\n")
+
+
