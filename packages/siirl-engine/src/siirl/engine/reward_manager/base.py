@@ -10,6 +10,7 @@ rule) is not a bad sample but a bad setup, and is raised.
 
 from __future__ import annotations
 
+import abc
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -39,7 +40,7 @@ class Failure:
     logged: bool = False  # the manager already warned (e.g. once for a whole batch call)
 
 
-class RewardManagerBase:
+class RewardManagerBase(abc.ABC):
     """Built as ``Cls(role="reward", config=cfg, worker=dag_worker)`` by the plugin registry.
 
     ``tokenizer`` and ``compute_score`` may be given directly (tests, notebooks); otherwise
@@ -139,9 +140,11 @@ class RewardManagerBase:
         rows = zip(data_sources, solutions, ground_truths, extra_infos, strict=True)
         return [self.call_one(self.compute_score, *row) for row in rows]
 
+    @abc.abstractmethod
     def _score_rows(self, data_sources: list, solutions: List[str], ground_truths: list,
                     extra_infos: list) -> List[Any]:
-        raise NotImplementedError
+        """One result per row (a float, a dict with "score", or a Failure): how each
+        manager (in process, batched, process pool) computes scores."""
 
     # --- outputs ---
 
