@@ -261,3 +261,20 @@ def test_factory_loads_from_model_path_with_the_shared_logprob_code(tmp_path):
     assert torch.allclose(from_copy, batch["ref_log_prob"], atol=1e-6)
     metrics = actor.update_policy(batch).metrics
     assert abs(metrics["actor/kl_loss"]) < 1e-6 and "perf/actor_update_s" in metrics
+
+
+
+def test_cosine_schedule_learns_run_length_from_trainer():
+    # Only trainer.total_epochs is known when the engine is built; the trainer supplies the
+    # step count (set_total_training_steps) before the first update.
+    cfg = actor_config("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                       "actor_rollout_ref.actor.optim.lr_warmup_steps=1")
+    engine = actor_engine(cfg)
+    with pytest.raises(ConfigError, match="total_training_steps"):
+        engine.update_policy(with_advantages(engine, rollout_batch(rows=4, seed=1)))
+    engine = actor_engine(cfg)
+    engine.set_total_training_steps(4)
+    lrs = [engine.update_policy(with_advantages(engine, rollout_batch(rows=4, seed=s)))
+           .metrics["actor/lr"] for s in range(4)]
+    assert lrs[0] == pytest.approx(0.0) and lrs[1] == pytest.approx(0.01)
+    assert lrs[3] < lrs[2] < lrs[1]

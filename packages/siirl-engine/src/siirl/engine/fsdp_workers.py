@@ -110,14 +110,20 @@ class ActorEngine:
             shard_fsdp2(module, select(config, f"{ACTOR}.fsdp_config"))
         self.pristine = True  # still the loaded weights (no update, no checkpoint load)
         optim_cfg = select(config, f"{ACTOR}.optim")
+        self._optim_cfg = optim_cfg
         total_steps = (select(optim_cfg, "total_training_steps", -1) if optim_cfg else -1)
         if total_steps is None or total_steps <= 0:
             total_steps = select(config, "trainer.total_training_steps", -1)
         optimizer = build_optimizer(module.parameters(), optim_cfg)
+        # With only trainer.total_epochs set, the run's length is known once the dataloader
+        # exists: the trainer then calls set_total_training_steps before the first update.
+        try:
+            scheduler = build_lr_scheduler(optimizer, optim_cfg, total_steps or -1)
+        except ConfigError:
+            scheduler = None  # needs the run's length; see set_total_training_steps
         self.actor = DataParallelPPOActor(
             module, select(config, ACTOR), select(config, f"{ROLLOUT}.temperature", 1.0),
-            optimizer=optimizer, lr_scheduler=build_lr_scheduler(optimizer, optim_cfg,
-                                                                 total_steps),
+            optimizer=optimizer, lr_scheduler=scheduler,
             rollout_n=select(config, f"{ROLLOUT}.n", 1), world_size=self.world_size,
             seed=_seed(config),
             log_prob_micro_batch_size=select(config,
@@ -128,6 +134,22 @@ class ActorEngine:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.actor.optimizer
+
+    def _scheduler(self) -> Any:
+        """The lr schedule; building it here raises the clear error when it needs a run
+        length nobody provided (a cosine or ratio-warmup schedule without steps)."""
+        if self.actor.lr_scheduler is None:
+            self.actor.lr_scheduler = build_lr_scheduler(self.actor.optimizer, self._optim_cfg,
+                                                         -1)
+        return self.actor.lr_scheduler
+
+    def set_total_training_steps(self, steps: int) -> None:
+        """(Re)build the lr schedule for a run of ``steps`` updates; only before the first
+        update, so a schedule already in use is never replaced."""
+        if self.pristine and (self.actor.lr_scheduler is None or
+                              self.actor.lr_scheduler.last_epoch == 0):
+            self.actor.lr_scheduler = build_lr_scheduler(self.actor.optimizer, self._optim_cfg,
+                                                         steps)
 
     @property
     def lr_scheduler(self) -> Any:
@@ -145,6 +167,7 @@ class ActorEngine:
 
     def update_policy(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
+        self._scheduler()
         metrics = self.actor.update_policy(batch)
         self.pristine = False
         seconds = time.perf_counter() - start
@@ -161,7 +184,7 @@ class ActorEngine:
 
     def save_checkpoint(self, directory: str) -> None:
         """Weights, optimizer, lr scheduler and update count (``checkpoint.save_contents``)."""
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict(),
+        extra = {"lr_scheduler": self._scheduler().state_dict(),
                  "update_count": self.actor.update_count}
         ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
                              sharded=self.sharded, rank=self.rank,
@@ -172,7 +195,7 @@ class ActorEngine:
                                      sharded=self.sharded,
                                      contents=self._contents("load_contents"))
         if "lr_scheduler" in extra:
-            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            self._scheduler().load_state_dict(extra["lr_scheduler"])
         self.actor.update_count = int(extra.get("update_count", self.actor.update_count))
         self.pristine = False
 
