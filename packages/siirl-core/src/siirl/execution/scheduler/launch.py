@@ -28,5 +28,4 @@ def launch(config: Any, plan: List[WorkerAssignment]) -> list:
             f"{len(plan)} workers requested (trainer.nnodes * trainer.n_gpus_per_node) but this "
             "release runs one worker per job; set trainer.nnodes=1 trainer.n_gpus_per_node=1")
     worker = DAGWorker(plan[0].graph, config, rank=0, world_size=1)
-    worker.init_engines()
-    return Trainer(worker).fit()
+    return Trainer(worker).fit()  # setup() resolves every plugin before any step
