@@ -125,9 +125,36 @@ def test_n_repeat_groups_and_seeded_sampling():
     assert [e["i"] for e in extra] == [0] * 4 + [1] * 4 + [2] * 4
     for rows in groups.values():  # sampled: a group's responses are not all equal
         assert len({tuple(first["responses"][r].tolist()) for r in rows}) > 1
-    torch.manual_seed(123)
-    again = engine.generate(prompt_batch(PROMPTS)).batch
+    torch.manual_seed(123)  # a fresh engine under the same seed replays the same samples
+    again = HFRollout(config=config(n=4, resp=6), module=model,
+                      tokenizer=TOK).generate(prompt_batch(PROMPTS)).batch
     assert torch.equal(first["responses"], again["responses"])
+    # a second call in the same step is a new draw, not a replay
+    third = engine.generate(prompt_batch(PROMPTS)).batch
+    assert not torch.equal(first["responses"], third["responses"])
+
+
+def test_keyed_sampling_does_not_depend_on_the_batch_split():
+    """With dataloader sample ids, a prompt's responses are the same whether it is
+    generated alone, in a batch with others, or in another order: a run on N workers
+    samples what the run on one worker samples."""
+    model = tiny_llama()
+    batch = prompt_batch(PROMPTS)
+    batch.set("sample_id", torch.tensor([10, 11, 12]))
+
+    def responses(rows):
+        engine = HFRollout(config=config(n=4, resp=6), module=model, tokenizer=TOK)
+        out = engine.generate(batch[rows]).batch
+        return {(uid, k % 4): tuple(out["responses"][k].tolist())
+                for k, uid in enumerate(get_non_tensor(out, "uid"))}
+
+    torch.manual_seed(0)
+    whole = responses([0, 1, 2])
+    torch.manual_seed(99)  # the global RNG plays no part
+    parts = {**responses([2]), **responses([1, 0])}
+    assert whole == parts
+    assert sorted({uid for uid, _ in whole}) == ["10", "11", "12"]
+    assert len(set(whole.values())) > 3  # and the samples do differ
 
 
 def test_temperature_and_top_k():

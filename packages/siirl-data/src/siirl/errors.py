@@ -35,3 +35,17 @@ class DataError(SiirlError):
     """A dataset file or row that does not match the expected schema."""
 
     exit_code = 2
+
+
+class WorkerFailedError(SiirlError):
+    """A worker of a multi-worker job raised or died; the job was stopped.
+
+    The message names the worker's rank, process and host and carries its traceback (a
+    failing worker's traceback is the useful part, so the CLI prints it in full).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank

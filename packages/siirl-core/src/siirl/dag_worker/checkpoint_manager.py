@@ -6,7 +6,8 @@ Layout of one checkpoint::
       actor/                 engine state (model, optimizer, scheduler), per stateful role
       actor/huggingface/     save_pretrained export, loadable by transformers alone
       trainer_state.pt       step, dataloader position, RNG states, algorithm state
-      COMMITTED              written last
+      trainer_state.rankR.pt the same for worker R > 0 (its own RNG states)
+      COMMITTED              written last, by rank 0, once every worker has finished
 
 A checkpoint is written into ``.global_step_N.partial`` and renamed when complete, and only
 directories holding ``COMMITTED`` are ever resumed from, so a crash mid-save never leaves
@@ -47,6 +48,17 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
 
 
+def state_file(rank: int) -> str:
+    return "trainer_state.pt" if rank == 0 else f"trainer_state.rank{rank}.pt"
+
+
+class _Solo:
+    rank, is_chief = 0, True
+
+    def barrier(self) -> None:
+        pass
+
+
 class CheckpointManager:
     def __init__(self, root: str, max_to_keep: Optional[int] = None):
         self.root = Path(root)
@@ -66,16 +78,29 @@ class CheckpointManager:
         steps = self.committed_steps()
         return self.root / f"{PREFIX}{steps[-1]}" if steps else None
 
-    def save(self, step: int, engines: Dict[str, Any], trainer_state: Dict[str, Any]) -> Path:
+    def save(self, step: int, engines: Dict[str, Any], trainer_state: Dict[str, Any],
+             comm: Any = None) -> Path:
+        """Write checkpoint ``step``; with several workers every one calls this (``comm``
+        their ``WorkerComm``): each writes its own state, rank 0 commits after all did."""
+        comm = comm if comm is not None else _Solo()
         final = self.root / f"{PREFIX}{step}"
         partial = self.root / f".{PREFIX}{step}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        if comm.is_chief:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        comm.barrier()
         for role, engine in engines.items():
-            engine.save_checkpoint(str(partial / role))
+            engine.save_checkpoint(str(partial / role))  # collective for sharded engines
             if hasattr(engine, "export_hf"):
                 engine.export_hf(str(partial / role / "huggingface"))
-        torch.save(trainer_state, partial / "trainer_state.pt")
+        torch.save(trainer_state, partial / state_file(comm.rank))
+        comm.barrier()  # every worker's files are on disk before the commit
+        if comm.is_chief:
+            self._commit(step, partial, final)
+        comm.barrier()
+        return final
+
+    def _commit(self, step: int, partial: Path, final: Path) -> None:
         (partial / MARKER).write_text(json.dumps({"step": step, "time": time.time()}))
         if final.exists():
             shutil.rmtree(final)
@@ -84,9 +109,10 @@ class CheckpointManager:
         tmp_latest.write_text(str(step))
         os.replace(tmp_latest, self.root / LATEST)
         self._prune()
-        return final
 
-    def load(self, path: Path, engines: Dict[str, Any]) -> Dict[str, Any]:
+    def load(self, path: Path, engines: Dict[str, Any], rank: int = 0) -> Dict[str, Any]:
+        """Restore ``engines`` and return this worker's trainer state (rank 0's when the
+        checkpoint was written by fewer workers: data position and step are shared)."""
         path = Path(path)
         if not (path / MARKER).is_file():
             raise ConfigError(f"checkpoint '{path}' is incomplete or not a checkpoint "
@@ -96,7 +122,8 @@ class CheckpointManager:
             if not (path / role).is_dir():
                 raise ConfigError(f"checkpoint '{path}' has no state for role '{role}'")
             engine.load_checkpoint(str(path / role))
-        return torch.load(path / "trainer_state.pt", weights_only=False)
+        own = path / state_file(rank)
+        return torch.load(own if own.is_file() else path / state_file(0), weights_only=False)
 
     def _prune(self) -> None:
         if not self.max_to_keep or self.max_to_keep <= 0:

@@ -32,12 +32,20 @@ class DAGWorker:
     __siirl_worker__ = True
 
     def __init__(self, taskgraph: TaskGraph, config: Any = None, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, *, comm: Any = None, process_groups: Any = None):
+        """``rank``/``world_size``: this worker's data-parallel rank and size among the
+        workers running the same graph; ``comm`` (a ``collective.WorkerComm``) spans every
+        worker of the job; ``process_groups`` (a ``ProcessGroupManager``) gives each role
+        its torch.distributed group. Both are None for a single worker."""
+        from siirl.dag_worker.collective import WorkerComm
+
         taskgraph.validate_graph()
         self.taskgraph = taskgraph
         self.config = config
         self.rank = rank
         self.world_size = world_size
+        self.comm = comm if comm is not None else WorkerComm()
+        self.process_groups = process_groups
         self.global_step = 0
         self.engines = WorkerEngines(config, worker=self)
         self.executor = NodeExecutor(self)
@@ -67,6 +75,13 @@ class DAGWorker:
             self.tokenizer = self.engines.get("actor").tokenizer
             self.train_loader, self.val_loader = build_dataloaders(
                 self.config, self.tokenizer, self.rank, self.world_size)
+
+    def process_group(self, role: str) -> Any:
+        """The torch.distributed group an engine of ``role`` shards and reduces over
+        (None: the default group, or no distributed run at all)."""
+        if self.process_groups is None:
+            return None
+        return self.process_groups.group_for(role)
 
     def can_validate(self) -> bool:
         roles = roles_needed(self.taskgraph)

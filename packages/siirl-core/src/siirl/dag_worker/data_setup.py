@@ -1,4 +1,5 @@
-"""Each worker's dataloaders: its own shard of the training set, and the validation set.
+"""Each worker's dataloaders: its slice of every global training batch, and its share of
+the validation set (round-robin rows; validation metrics are combined over all workers).
 
 With ``data.train_files``/``data.val_files`` unset, the built-in arithmetic task is written
 as parquet under ``<trainer.default_local_dir>/data/`` (once) and read from there, so the
@@ -44,11 +45,14 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     if global_batch % world_size:
         raise ConfigError(f"data.train_batch_size={global_batch} must be divisible by the "
                           f"number of workers ({world_size})")
-    train_set = PartitionedDataset(train_files, tokenizer, data_cfg, rank, world_size)
+    # Every worker indexes the whole training set and takes its slice of each global batch
+    # (see StatefulDataLoader), so the run does not depend on the number of workers.
+    train_set = PartitionedDataset(train_files, tokenizer, data_cfg, 0, 1)
     seed = int(select(config, "data.seed", 1))
     train_loader = StatefulDataLoader(
         train_set, batch_size=global_batch // world_size, pad_token_id=tokenizer.pad_token_id,
-        shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True)
+        shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True,
+        rank=rank, num_ranks=world_size)
     val_loader = None
     if val_files:
         val_set = PartitionedDataset(val_files, tokenizer, data_cfg, rank, world_size)

@@ -4,6 +4,10 @@ Order within a step (kept fixed so a resumed run replays an uninterrupted one ex
 run the graph -> validate if due -> log -> checkpoint if due. Resuming restores engine
 state, dataloader position, RNG states and algorithm state from the newest committed
 checkpoint (``trainer.resume_mode=auto``) or ``trainer.resume_from_path``.
+
+Every worker of a multi-worker job runs this same loop in step with the others: step
+metrics are combined over workers (``worker.comm``) and logged once by rank 0, which also
+shows progress, picks the checkpoint to resume from and commits checkpoints.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from siirl.dag_worker.checkpoint_manager import (
     rng_state,
     set_rng_state,
 )
-from siirl.dag_worker.tracking import build_tracking
+from siirl.dag_worker.tracking import Tracking, build_tracking
 from siirl.dag_worker.validator import validate
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -92,17 +96,19 @@ class Trainer:
             return False
         path = select(self.config, "trainer.resume_from_path") if mode == "resume_path" \
             else self.checkpoints.latest()
+        path = self.worker.comm.broadcast(path)  # rank 0's choice, should a save race it
         if mode == "resume_path" and not path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         if not path:
             return False
-        state = self.checkpoints.load(path, self._stateful_engines())
+        state = self.checkpoints.load(path, self._stateful_engines(), self.worker.comm.rank)
         self.worker.global_step = int(state["global_step"])
         if state.get("dataloader") is not None and self.worker.train_loader is not None:
             self.worker.train_loader.load_state_dict(state["dataloader"])
         self.worker.load_algorithm_state(state.get("algorithm") or {})
         set_rng_state(state["rng"])
-        print(f"resumed from {path} at step {self.worker.global_step}", flush=True)
+        if self.worker.comm.is_chief:
+            print(f"resumed from {path} at step {self.worker.global_step}", flush=True)
         return True
 
     def _batches(self):
@@ -132,7 +138,8 @@ class Trainer:
         steps = total_steps(self.config, len(loader) if loader is not None else None)
         self.worker.set_total_training_steps(steps)
         resumed = self._maybe_resume()
-        tracking = build_tracking(self.config)
+        comm = self.worker.comm
+        tracking = build_tracking(self.config) if comm.is_chief else Tracking([])
         history = []
         try:
             if not resumed and select(self.config, "trainer.val_before_train", True):
@@ -141,7 +148,8 @@ class Trainer:
                     tracking.log(self.worker.global_step, val)
                     history.append({"step": self.worker.global_step, **val})
             progress = tqdm(total=steps, initial=self.worker.global_step, desc="training",
-                            unit="step", leave=False, dynamic_ncols=True)
+                            unit="step", leave=False, dynamic_ncols=True,
+                            disable=not comm.is_chief)
             self._progress = progress
             batches = self._batches()
             while self.worker.global_step < steps:
@@ -153,6 +161,7 @@ class Trainer:
                 last_batch = next(iter(result.outputs.values())).batch if result.outputs \
                     else None
                 metrics.update(_throughput(last_batch, time.perf_counter() - start))
+                metrics = comm.reduce_metrics(metrics)
                 last = step == steps
                 val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),
                                                 last) else {}
@@ -163,7 +172,7 @@ class Trainer:
                     history.append({"step": step, **val})
                 if _due(step, select(self.config, "trainer.save_freq"), last):
                     self.checkpoints.save(step, self._stateful_engines(),
-                                          self._trainer_state())
+                                          self._trainer_state(), comm)
                 progress.update(1)
         finally:
             if getattr(self, "_progress", None) is not None:

@@ -9,18 +9,27 @@ from siirl.data_coordinator.protocol import get_non_tensor
 
 
 def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
-    """``val/score/mean`` over every validation sample and ``val/<data_source>/score/mean``."""
+    """``val/score/mean`` over every validation sample and ``val/<data_source>/score/mean``.
+
+    Each worker validates its share of the set; the per-row results of all workers are
+    combined, so the metrics are those of the whole set on any number of workers.
+    """
     rollout = worker.engines.get("rollout")
     reward = worker.engines.get("reward")
-    by_source: Dict[str, list] = defaultdict(list)
-    lengths = []
+    rows = []  # (data_source, score, response length)
     for batch in val_loader:
         generated = rollout.generate(batch, validate=True).batch
         scored = reward.compute_reward(generated).batch
         scores = scored["token_level_scores"].sum(dim=-1).tolist()
-        for source, score in zip(get_non_tensor(scored, "data_source"), scores, strict=True):
-            by_source[source].append(score)
-        lengths.extend(scored["response_mask"].sum(dim=-1).tolist())
+        lengths = scored["response_mask"].sum(dim=-1).tolist()
+        rows.extend(zip(get_non_tensor(scored, "data_source"), scores, lengths, strict=True))
+    comm = getattr(worker, "comm", None)
+    if comm is not None:
+        rows = [row for part in comm.all_gather(rows) for row in part]
+    by_source: Dict[str, list] = defaultdict(list)
+    for source, score, _ in rows:
+        by_source[source].append(score)
+    lengths = [length for _, _, length in rows]
     all_scores = [s for scores in by_source.values() for s in scores]
     if not all_scores:
         return {}

@@ -117,4 +117,18 @@ class TrainerArguments:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     ray_wait_register_center_timeout: int = 300
+    ray_address: str | None = field(
+        default=None,
+        metadata={"help": "Ray cluster to join for multi-worker runs: null joins the running "
+                          "cluster (RAY_ADDRESS or `ray start --head` on this node) and else "
+                          "starts a local one; 'local' always starts a local one."},
+    )
+    ray_temp_dir: str | None = field(
+        default=None, metadata={"help": "Ray's session directory for a local cluster."}
+    )
+    dist_timeout_s: int = field(
+        default=600,
+        metadata={"help": "Seconds a collective (gloo/NCCL) may wait for a peer before the "
+                          "worker fails instead of hanging."},
+    )
     seed: int = 1  # siiRL: global random seed

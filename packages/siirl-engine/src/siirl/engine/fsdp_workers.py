@@ -39,9 +39,21 @@ def _world(worker: Any) -> Tuple[int, int]:
     return 0, 1
 
 
-def _should_shard() -> bool:
+def _group(worker: Any, role: str) -> Any:
+    """The worker's process group for ``role`` (None: the default group)."""
+    lookup = getattr(worker, "process_group", None)
+    return lookup(role) if callable(lookup) else None
+
+
+def _should_shard(group: Any = None) -> bool:
     return (torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1)
+            and torch.distributed.get_world_size(group) > 1)
+
+
+def _device(config: Any) -> torch.device:
+    from siirl.execution.device import resolve_device
+
+    return resolve_device(config)
 
 
 def _decoder_layers(module: torch.nn.Module) -> list:
@@ -56,17 +68,21 @@ def _decoder_layers(module: torch.nn.Module) -> list:
             ("layers", "h", "blocks") for layer in child]
 
 
-def shard_fsdp2(module: torch.nn.Module, fsdp_cfg: Any) -> torch.nn.Module:
-    """``fully_shard`` every decoder layer, then the root (embeddings, norm, head)."""
+def shard_fsdp2(module: torch.nn.Module, fsdp_cfg: Any, group: Any = None) -> torch.nn.Module:
+    """``fully_shard`` every decoder layer, then the root (embeddings, norm, head), over the
+    ranks of ``group`` (default: the world) on the module's device type."""
     try:
+        from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
     except ImportError as exc:  # torch < 2.6 exposes FSDP2 elsewhere or not at all
         raise ConfigError(f"data-parallel training needs FSDP2 (torch.distributed.fsdp."
                           f"fully_shard), missing in torch {torch.__version__}") from exc
+    device_type = next(module.parameters()).device.type
+    mesh = DeviceMesh.from_group(group or torch.distributed.group.WORLD, device_type)
     reshard = bool(select(fsdp_cfg, "reshard_after_forward", True))
     for layer in _decoder_layers(module):
-        fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(module, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
     return module
 
 
@@ -99,15 +115,17 @@ class ActorEngine:
         self.rank, self.world_size = _world(worker)
         if module is None:
             module, tokenizer = _load_model(config)
+            module.to(_device(config))
         self.module, self.tokenizer = module, tokenizer
-        self.sharded = _should_shard()
+        self.group = _group(worker, "actor")
+        self.sharded = _should_shard(self.group)
         # Sharded modules cannot be deep-copied later, so when a reference policy will be
         # needed its initial weights are copied now, before sharding and any update.
         self.initial_module = None
         if self.sharded:
             if reference_needed(config):
                 self.initial_module = copy.deepcopy(module)
-            shard_fsdp2(module, select(config, f"{ACTOR}.fsdp_config"))
+            shard_fsdp2(module, select(config, f"{ACTOR}.fsdp_config"), self.group)
         self.pristine = True  # still the loaded weights (no update, no checkpoint load)
         optim_cfg = select(config, f"{ACTOR}.optim")
         self._optim_cfg = optim_cfg
@@ -129,7 +147,8 @@ class ActorEngine:
             log_prob_micro_batch_size=select(config,
                                              f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
             logprob_fn=logprob_fn,
-            autocast_dtype=compute_dtype(select(config, f"{ACTOR}.fsdp_config")))
+            autocast_dtype=compute_dtype(select(config, f"{ACTOR}.fsdp_config")),
+            group=self.group)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -252,8 +271,9 @@ class ReferenceEngine:
         module = module if module is not None else self._initial_module(config, worker)
         module.requires_grad_(False)
         module.eval()
-        if _should_shard():
-            shard_fsdp2(module, select(config, f"{REF}.fsdp_config"))
+        group = _group(worker, "reference")
+        if _should_shard(group):
+            shard_fsdp2(module, select(config, f"{REF}.fsdp_config"), group)
         self.module = module
         micro = (select(config, f"{REF}.log_prob_micro_batch_size_per_gpu")
                  or select(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu"))
@@ -261,7 +281,8 @@ class ReferenceEngine:
             module, select(config, REF), select(config, f"{ROLLOUT}.temperature", 1.0),
             world_size=self.world_size, log_prob_micro_batch_size=micro,
             logprob_fn=logprob_fn,
-            autocast_dtype=compute_dtype(select(config, f"{REF}.fsdp_config")))
+            autocast_dtype=compute_dtype(select(config, f"{REF}.fsdp_config")),
+            group=group)
 
     @staticmethod
     def _initial_module(config: Any, worker: Any) -> torch.nn.Module:
@@ -273,7 +294,7 @@ class ReferenceEngine:
         if actor is not None and actor.pristine and not actor.sharded:
             return copy.deepcopy(actor.module)
         # No actor here, or it has moved on from its initial weights: load them again.
-        return _load_model(config)[0]
+        return _load_model(config)[0].to(_device(config))
 
     def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
         if not self.enabled:

@@ -4,6 +4,13 @@ The order of epoch ``e`` is a pure function of ``(seed + e, len(dataset))``, so 
 whole state is ``{"epoch", "batches_done", "seed"}``: a loader restored from a state taken
 after ``k`` batches rebuilds the same permutation and skips the first ``k`` batches,
 yielding exactly what an uninterrupted loader would have yielded next.
+
+With ``num_ranks`` workers, every worker builds the same epoch permutation of the whole
+dataset and takes its slice of each global batch (``rank``-th run of ``batch_size`` rows
+out of ``batch_size * num_ranks``). The global batch, and so training, is then the same
+whatever the number of workers; each worker collates only its own rows. Each row carries
+``sample_id`` (epoch * len(dataset) + position in the epoch's order): a key unique over the
+run and independent of the split, from which rollout noise and group ids are derived.
 """
 
 from __future__ import annotations
@@ -63,14 +70,22 @@ class StatefulDataLoader:
     With ``drop_last`` the rows past the last full batch of that permutation are skipped
     for the epoch (and, for a dataset with ``min_rank_rows``, the batch count is taken
     from that, so ranks with uneven shares stay in step).
+    With ``num_ranks > 1`` a batch is this rank's slice of the global batch (see the module
+    docstring) and ``len()`` counts global batches.
     Iterators share the loader's position, so only the newest ``iter()`` is live: an
     older one stops at its next step.
     """
 
     def __init__(self, dataset: Any, batch_size: int, pad_token_id: int, shuffle: bool = True,
-                 seed: int = 1, drop_last: bool = True):
+                 seed: int = 1, drop_last: bool = True, rank: int = 0, num_ranks: int = 1):
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < num_ranks:
+            raise DataError(f"rank {rank} is outside 0..{num_ranks - 1}")
+        if num_ranks > 1 and not drop_last:
+            # a short last global batch would leave some ranks with nothing to run
+            raise DataError("a loader shared by several ranks needs drop_last=True")
+        self.rank, self.num_ranks = int(rank), int(num_ranks)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.pad_token_id = int(pad_token_id)
@@ -92,7 +107,7 @@ class StatefulDataLoader:
             # a PartitionedDataset shard may hold one row more than another rank's; count
             # batches from the smallest share so all ranks run the same number of steps
             n = min(n, int(getattr(self.dataset, "min_rank_rows", n)))
-            return n // self.batch_size
+            return n // (self.batch_size * self.num_ranks)
         return -(-n // self.batch_size)
 
     @property
@@ -118,10 +133,14 @@ class StatefulDataLoader:
             self._batches_done = 0
         token = self._active = object()  # a newer iter() or load_state_dict() retires this one
         order = self._order(self._epoch)
+        base = self._epoch * len(self.dataset)
         while self._batches_done < len(self):
-            start = self._batches_done * self.batch_size
-            idx = order[start:start + self.batch_size]
-            batch = collate_left_pad([self.dataset[i] for i in idx], self.pad_token_id)
+            start = (self._batches_done * self.num_ranks + self.rank) * self.batch_size
+            positions = range(start, min(start + self.batch_size, len(order)))
+            batch = collate_left_pad([self.dataset[order[p]] for p in positions],
+                                     self.pad_token_id)
+            batch.set("sample_id", torch.tensor([base + p for p in positions],
+                                                dtype=torch.long))
             # counted before the yield, so a state taken while the consumer holds this
             # batch already says it was delivered
             self._batches_done += 1

@@ -10,7 +10,12 @@ sequences for the ``seq-mean-*`` modes; see ``core_algos.agg_loss_units``), coun
 all data-parallel ranks. Gradient accumulation therefore gives exactly the gradient of the
 mini-batch loss, independent of the micro-batch size and of the data-parallel split
 (with equal-sized micro-batches and equal token counts this is the plain micro/mini row
-ratio verl uses).
+ratio verl uses). Loss metrics (``actor/pg_loss``, ``actor/kl_loss``, ...) are weighted the
+same way and summed over ranks, so they are the mini-batch's loss as one process would
+compute it on the whole batch, whatever the data-parallel split.
+
+Batches live on the CPU between nodes; each micro-batch is moved to the module's device
+for its forward, and results come back to the CPU.
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ class DataParallelPPOActor:
                  rollout_n: int = 1, world_size: int = 1, seed: int = 0,
                  log_prob_micro_batch_size: Optional[int] = None,
                  logprob_fn: Optional[Callable] = None,
-                 autocast_dtype: Optional[torch.dtype] = None):
+                 autocast_dtype: Optional[torch.dtype] = None, group: Any = None):
         self.module = module
+        self.group = group  # the data-parallel process group (None: the default group)
         self.config = actor_cfg
         self.temperature = float(temperature)
         self.optimizer = optimizer
@@ -110,8 +116,12 @@ class DataParallelPPOActor:
         device = next(self.module.parameters()).device
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
+    def _device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
     def _forward(self, micro: Any, calculate_entropy: bool) -> Tuple[torch.Tensor, Any]:
         fn = self._logprob_fn or _default_logprob_fn()
+        micro = micro.to(self._device())
         with self._autocast():
             log_probs, entropy = fn(self.module, micro["input_ids"], micro["attention_mask"],
                                     micro["position_ids"],
@@ -129,8 +139,8 @@ class DataParallelPPOActor:
         micro_rows = int(self.log_prob_micro_batch_size or rows or 1)
         self.module.eval()
         outs = [self._forward(micro, calculate_entropy) for micro in split(data, micro_rows)]
-        log_probs = torch.cat([lp for lp, _ in outs])
-        entropy = torch.cat([ent for _, ent in outs]) if calculate_entropy else None
+        log_probs = torch.cat([lp for lp, _ in outs]).cpu()
+        entropy = torch.cat([ent for _, ent in outs]).cpu() if calculate_entropy else None
         return log_probs, entropy
 
     # ---- update --------------------------------------------------------------------
@@ -175,9 +185,12 @@ class DataParallelPPOActor:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.update_count += 1
+        grad_norms = stats.pop("actor/grad_norm", None)
         metrics = {key: sum(values) / len(values) for key, values in stats.items()}
-        metrics.setdefault("actor/grad_norm", float("nan"))  # every step was non-finite
-        metrics = self._dp_mean(metrics)
+        metrics = self._dp_sum(metrics)  # each rank holds its share of the global value
+        # the grad norm is already global (clip_grad_norm_ over the sharded parameters)
+        metrics["actor/grad_norm"] = (sum(grad_norms) / len(grad_norms) if grad_norms
+                                      else float("nan"))  # nan: every step was non-finite
         # The grad norm is global, so every rank skips the same steps.
         metrics["actor/skipped_steps"] = float(skipped)
         kl_coef = float(select(cfg, "kl_loss_coef", 0.001)) if use_kl else 0.0
@@ -193,11 +206,14 @@ class DataParallelPPOActor:
         entropy_coeff = float(select(cfg, "entropy_coeff", 0.0))
         dp_active = _dist_active(self.world_size)
         dp_scale = self.world_size if dp_active else 1  # FSDP averages grads over ranks
+        mini_batch = mini_batch.to(self._device())
         total_units = agg_loss_units(mini_batch["response_mask"], mode)
         if total_units is not None and dp_active:
-            torch.distributed.all_reduce(total_units)
+            torch.distributed.all_reduce(total_units, group=self.group)
+        micro_batches = split(mini_batch, micro)
         self.optimizer.zero_grad(set_to_none=True)
-        for micro_batch in split(mini_batch, micro):
+        totals: Dict[str, float] = defaultdict(float)
+        for micro_batch in micro_batches:
             mask = micro_batch["response_mask"].float()
             # Entropy is always computed for the metric; it joins the graph only when it
             # is part of the loss.
@@ -218,14 +234,22 @@ class DataParallelPPOActor:
                                  select(cfg, "kl_loss_type", "low_var_kl"))
                 kl_loss = agg_loss(kld, mask, mode)
                 loss = loss + float(select(cfg, "kl_loss_coef", 0.001)) * kl_loss
-            weight = float(dp_scale)
-            if total_units is not None:
-                weight *= float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
-            (loss * weight).backward()
-            for key, value in (("pg_loss", pg_loss), ("pg_clipfrac", clipfrac),
-                               ("ppo_kl", ppo_kl), ("pg_clipfrac_lower", clipfrac_lower),
-                               ("entropy", entropy_loss), ("kl_loss", kl_loss)):
-                stats[f"actor/{key}"].append(float(value.detach()))
+            # this micro-batch's share of the global mini-batch; a sum mode just adds up
+            even = 1.0 / (len(micro_batches) * dp_scale)
+            share = (float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
+                     if total_units is not None else 1.0)
+            (loss * share * dp_scale).backward()
+            for key, value, weight in (
+                    ("pg_loss", pg_loss, share), ("entropy", entropy_loss, share),
+                    ("kl_loss", kl_loss, share),
+                    # fractions are averaged, even when the loss is a sum
+                    ("pg_clipfrac", clipfrac, share if total_units is not None else even),
+                    ("ppo_kl", ppo_kl, share if total_units is not None else even),
+                    ("pg_clipfrac_lower", clipfrac_lower,
+                     share if total_units is not None else even)):
+                totals[f"actor/{key}"] += float(value.detach()) * weight
+        for key, value in totals.items():
+            stats[key].append(value)
         grad_norm = self._clip_grad_norm()
         if not math.isfinite(grad_norm):  # one bad batch must not poison weights or moments
             self.optimizer.zero_grad(set_to_none=True)
@@ -243,14 +267,20 @@ class DataParallelPPOActor:
             norm = norm.full_tensor()
         return float(norm)
 
-    def _dp_mean(self, metrics: Dict[str, float]) -> Dict[str, float]:
-        """Average metrics over data-parallel ranks so every rank logs the global value."""
+    def _dp_sum(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        """Sum per-rank shares over data-parallel ranks so every rank has the global value."""
         if not _dist_active(self.world_size) or not metrics:
             return metrics
         keys = sorted(metrics)
         values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        torch.distributed.all_reduce(values)
-        return {k: float(v) / self.world_size for k, v in zip(keys, values, strict=True)}
+        if _backend(self.group) == "nccl":
+            values = values.to(self._device())
+        torch.distributed.all_reduce(values, group=self.group)
+        return {k: float(v) for k, v in zip(keys, values.cpu(), strict=True)}
+
+
+def _backend(group: Any) -> str:
+    return str(torch.distributed.get_backend(group)).lower()
 
 
 def _require(batch: Any, keys: Tuple[str, ...], what: str) -> None:

@@ -4,8 +4,14 @@ No second copy of the weights: the module is fetched from the actor engine on ev
 (``worker.engines.get("actor").module``), so an optimizer step is visible to the next
 rollout as is. Decoding is a plain KV-cached loop (prefill once, then one token per step)
 rather than ``model.generate``: on CPU with small models the per-step overhead of
-``generate`` dominates, and the loop's sampling (temperature, top-k, top-p, torch's global
-RNG) is exactly the one documented here, independent of the model's generation_config.
+``generate`` dominates, and the loop's sampling (temperature, top-k, top-p) is exactly the
+one documented here, independent of the model's generation_config.
+
+Randomness is per row (``keyed_random``): a response's noise is keyed by the run seed, the
+prompt's ``sample_id`` (from the dataloader), its index among the ``n`` samples, the
+training step and the token position, so the same prompt gets the same response whichever
+worker generates it and whatever else is in the batch. Batches without ``sample_id`` key
+their rows from torch's global RNG instead.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator import protocol
 from siirl.engine.models.logprob import accepts_kwarg
+from siirl.engine.rollout.keyed_random import row_keys, uniforms
 from siirl.execution.config_select import select
 
 __all__ = ["HFRollout", "decode", "postprocess_responses", "sample_next_token"]
@@ -33,8 +40,14 @@ def _as_int(value: Any) -> int | None:
 
 
 def sample_next_token(logits: torch.Tensor, greedy: bool, temperature: float = 1.0,
-                      top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    """Next token ids [B] from last-position logits [B, V] (float32 math)."""
+                      top_k: int = -1, top_p: float = 1.0,
+                      noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token ids [B] from last-position logits [B, V] (float32 math).
+
+    ``noise`` (uniforms [B] in [0, 1)) picks each row's token by inverting its cumulative
+    distribution, so a row's choice depends on its own noise only; without it, tokens are
+    drawn with ``torch.multinomial`` from the global RNG.
+    """
     if greedy:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -48,16 +61,23 @@ def sample_next_token(logits: torch.Tensor, greedy: bool, temperature: float = 1
         drop = (probs.cumsum(dim=-1) - probs) >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(dim=-1), 1).squeeze(-1)
+    probs = logits.softmax(dim=-1)
+    if noise is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    cdf = probs.double().cumsum(dim=-1)
+    target = noise.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
+    # the first token whose cumulative mass exceeds the target (never a zero-mass token)
+    return (cdf <= target).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
 
 
 @torch.no_grad()
 def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
            greedy: bool, temperature: float = 1.0, top_k: int = -1,
-           top_p: float = 1.0) -> torch.Tensor:
+           top_p: float = 1.0, keys: torch.Tensor | None = None) -> torch.Tensor:
     """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
-    (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished."""
+    (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
+    ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``)."""
     rows = input_ids.shape[0]
     if max_new_tokens <= 0 or rows == 0:
         return input_ids.new_zeros((rows, 0))
@@ -70,7 +90,9 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     ones = attention_mask.new_ones((rows, 1))
     tokens = []
     for step in range(max_new_tokens):
-        tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p)
+        noise = uniforms(keys, step) if keys is not None and not greedy else None
+        tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p,
+                                noise)
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         tokens.append(tok)
         finished |= torch.isin(tok, eos)
@@ -110,6 +132,7 @@ class HFRollout:
         self.worker = worker
         self._module = module
         self._tokenizer = tokenizer
+        self._calls = (-1, 0)  # (training step, generate calls within it): a noise salt
 
     # -- the policy is looked up on each call, so a swapped-in actor module is used too --
     def policy(self) -> tuple[torch.nn.Module, Any]:
@@ -170,7 +193,13 @@ class HFRollout:
         eos_ids, pad_id = self.token_ids(module, tokenizer)
         if select(self.config, f"{_RCFG}.ignore_eos", False):
             eos_ids = []
-        out = protocol.repeat_interleave(batch, params.pop("n"))
+        n = params.pop("n")
+        if "sample_id" in batch.keys() and "uid" not in batch.keys():
+            # group ids that are the same whichever worker holds the prompt
+            batch = batch.copy()
+            protocol.set_non_tensor(batch, "uid", [str(i) for i in batch["sample_id"].tolist()])
+        out = protocol.repeat_interleave(batch, n)
+        keys = self.noise_keys(out, n)
         prompts, prompt_mask = out["input_ids"], out["attention_mask"]
         if "position_ids" in out.keys():
             prompt_pos = out["position_ids"]
@@ -187,7 +216,8 @@ class HFRollout:
             for start in range(0, prompts.shape[0], chunk):
                 rows = slice(start, start + chunk)
                 tokens = decode(module, prompts[rows].to(device), prompt_mask[rows].to(device),
-                                prompt_pos[rows].to(device), width, eos_ids, pad_id, **params)
+                                prompt_pos[rows].to(device), width, eos_ids, pad_id, **params,
+                                keys=keys[rows].to(device))
                 parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
         finally:
             for m, mode in modes:
@@ -203,6 +233,21 @@ class HFRollout:
                                             dim=1))
         out.set("position_ids", torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1))
         return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))
+
+    def noise_keys(self, rows: Any, n: int) -> torch.Tensor:
+        """One random-stream key per (repeated) row: seed, prompt id, sample index within
+        its group, training step and call number within the step."""
+        count = rows.batch_size[0]
+        step = int(getattr(self.worker, "global_step", 0) or 0)
+        calls = self._calls[1] + 1 if self._calls[0] == step else 0
+        self._calls = (step, calls)
+        if "sample_id" in rows.keys():
+            ids = rows["sample_id"].to(torch.int64)
+        else:  # no dataloader ids: draw a base from the global RNG (seeded, checkpointed)
+            ids = torch.randint(0, 2**62, (1,)) + torch.arange(count) // max(n, 1)
+        seed = int(select(self.config, "trainer.seed", 0) or 0)
+        within = torch.arange(count, dtype=torch.int64) % max(n, 1)
+        return row_keys(seed, ids.cpu(), within, step, calls)
 
     @staticmethod
     def metrics(responses: torch.Tensor, response_mask: torch.Tensor,

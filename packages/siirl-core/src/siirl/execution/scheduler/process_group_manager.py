@@ -1,0 +1,105 @@
+"""torch.distributed set-up for N workers: the world, per-role process groups, timeouts.
+
+Every worker calls :func:`init_distributed` with the same rendezvous address, then builds a
+:class:`ProcessGroupManager` from the same plan. ``new_group`` is collective over the whole
+world and must be called in the same order everywhere, so groups are created for every
+distinct rank set of the plan, in plan order, by every worker; each worker keeps the ones
+it belongs to. Roles (actor, rollout, reference, ...) of one sub-graph run on the same
+ranks, so they share that sub-graph's group: one communicator per rank set, not per role.
+Data-plane groups use NCCL on GPU and gloo on CPU; a gloo group over the same ranks
+carries control traffic (metrics, barriers, small objects), which NCCL cannot do without
+a device copy. Every group has the configured timeout, so a dead peer makes collectives
+fail instead of hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (bound to 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def node_ip() -> str:
+    """This host's address as other nodes reach it (loopback when it has no other)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # no Ray here: a single-node run
+        return "127.0.0.1"
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int,
+                     backend: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+                            rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=float(timeout_s)))
+
+
+def shutdown_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears down while a peer still talks to it
+        dist.destroy_process_group()
+
+
+class ProcessGroupManager:
+    """This worker's groups, from every worker's ``group_ranks`` (the plan)."""
+
+    def __init__(self, rank: int, group_ranks: Sequence[Sequence[int]], roles: Sequence[str],
+                 backend: str, timeout_s: float):
+        import torch.distributed as dist
+
+        self.rank = rank
+        world = dist.get_world_size()
+        timeout = datetime.timedelta(seconds=float(timeout_s))
+        self.ranks: Tuple[int, ...] = ()
+        self.data_group: Any = None  # None: the default (world) group
+        self.control_group: Any = None
+        # the world's own backend may be NCCL; world-wide control traffic needs gloo
+        self.world_control: Any = dist.new_group(backend="gloo", timeout=timeout) \
+            if backend != "gloo" else None
+        seen: List[Tuple[int, ...]] = []
+        for ranks in group_ranks:
+            key = tuple(sorted(ranks))
+            if key in seen:
+                continue
+            seen.append(key)
+            if len(key) == world:
+                data, control = None, self.world_control
+            else:
+                data = dist.new_group(list(key), backend=backend, timeout=timeout)
+                control = dist.new_group(list(key), backend="gloo", timeout=timeout) \
+                    if backend != "gloo" else data
+            if rank in key:
+                self.ranks, self.data_group, self.control_group = key, data, control
+        if rank not in self.ranks:
+            raise ValueError(f"rank {rank} is in no group of the plan {list(group_ranks)}")
+        self.roles: Dict[str, Any] = {role: self.data_group for role in roles}
+
+    @property
+    def group_rank(self) -> int:
+        return self.ranks.index(self.rank)
+
+    @property
+    def group_size(self) -> int:
+        return len(self.ranks)
+
+    def group_for(self, role: str) -> Optional[Any]:
+        return self.roles.get(role, self.data_group)

@@ -1,0 +1,164 @@
+"""Run the planned workers as Ray actors: one per device, in placement groups.
+
+The driver (this process) joins a running Ray cluster, or starts a local one, reserves one
+bundle per worker (``trainer.nnodes`` placement groups of ``trainer.n_gpus_per_node``
+bundles, each a GPU, or a CPU with ``trainer.device=cpu``), starts one
+:class:`WorkerProcess` per bundle and hands each its TaskGraph and the rendezvous address.
+From then on it only waits: it never receives batch data, only rank 0's metric history.
+
+Failure: the first worker that raises or dies ends the job. The driver kills the other
+workers (which may be blocked in a collective with the dead one) and raises
+:class:`WorkerFailedError` naming the worker's rank, pid and host with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, List, Optional
+
+from siirl.errors import ConfigError, SiirlError, WorkerFailedError
+from siirl.execution.config_select import select
+from siirl.execution.scheduler.task_scheduler import WorkerAssignment
+
+PLACEMENT_TIMEOUT_S = 120
+
+
+def _start_ray(config: Any, num_workers: int) -> bool:
+    """Join or start Ray; True when this call started a local cluster (ours to stop)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = select(config, "trainer.ray_address")
+    if address != "local":
+        try:  # an explicit address, RAY_ADDRESS, or a cluster started on this node
+            ray.init(address=address or "auto", log_to_driver=True,
+                     ignore_reinit_error=True)
+            return False
+        except ConnectionError:
+            if address:
+                raise ConfigError(f"trainer.ray_address={address}: no Ray cluster answers "
+                                  "there") from None
+    temp_dir = select(config, "trainer.ray_temp_dir") or tempfile.mkdtemp(prefix="ray")
+    kwargs = {"include_dashboard": False, "_temp_dir": str(temp_dir),
+              "object_store_memory": 256 * 1024 ** 2,  # batches never go through it
+              "log_to_driver": True}
+    # one logical CPU per worker even on a small machine (CPU workers, tests); GPUs are
+    # detected by Ray itself
+    kwargs["num_cpus"] = max(num_workers, os.cpu_count() or 1)
+    ray.init(**kwargs)
+    return True
+
+
+def _placement_groups(config: Any, num_workers: int, on_gpu: bool) -> list:
+    import ray
+    from ray.util.placement_group import placement_group
+
+    nodes = int(select(config, "trainer.nnodes", 1))
+    per_node = num_workers // nodes
+    bundle = {"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1}
+    groups = [placement_group([dict(bundle)] * per_node,
+                              strategy="STRICT_PACK" if on_gpu else "PACK")
+              for _ in range(nodes)]
+    ready = [g.ready() for g in groups]
+    done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
+    if len(done) < len(ready):
+        for group in groups:
+            ray.util.remove_placement_group(group)
+        raise ConfigError(
+            f"the Ray cluster cannot place {nodes} node(s) x {per_node} worker(s) of {bundle} "
+            f"within {PLACEMENT_TIMEOUT_S}s (available: {ray.available_resources()}); lower "
+            "trainer.nnodes/n_gpus_per_node or add nodes")
+    return groups
+
+
+def _describe(info: dict) -> str:
+    return f"worker rank {info['rank']} (pid {info['pid']} on {info['node_ip']})"
+
+
+def _failure(exc: Exception, info: dict) -> SiirlError:
+    from ray.exceptions import RayActorError, RayTaskError
+
+    where = _describe(info)
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, SiirlError) and not isinstance(cause, WorkerFailedError):
+            # a user error (config, data, plugin): one line, as for a single worker
+            error = type(cause)(f"{where}: {cause}")
+            error.exit_code = getattr(cause, "exit_code", 1)
+            return error
+        return WorkerFailedError(f"{where} failed; the job was stopped. Its traceback:\n"
+                                 f"{exc}", info["rank"])
+    if isinstance(exc, RayActorError):
+        return WorkerFailedError(f"{where} died (killed, out of memory or crashed); the job "
+                                 f"was stopped. Ray says: {str(exc).strip()[:500]}",
+                                 info["rank"])
+    return WorkerFailedError(f"{where}: {exc}", info["rank"])
+
+
+def _record_workers(config: Any, infos: List[dict]) -> None:
+    """``<default_local_dir>/workers.json``: who runs where (for operators and tests)."""
+    directory = Path(str(select(config, "trainer.default_local_dir", ".")))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "workers.json").write_text(json.dumps(
+        [{k: info[k] for k in ("rank", "pid", "node_ip")} for info in infos], indent=1))
+
+
+def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
+    import ray
+
+    from siirl.execution.device import device_kind
+    from siirl.execution.scheduler.worker_process import WorkerProcess
+
+    num_workers = len(plan)
+    device = str(select(config, "trainer.device", "auto") or "auto").lower()
+    if device not in ("auto", "cpu"):
+        device_kind(config)  # validates the name
+    started = _start_ray(config, num_workers)
+    actors, groups = [], []
+    try:
+        # auto: GPU workers when the cluster has GPUs (the driver itself may have none)
+        on_gpu = device == "cuda" or (device == "auto" and
+                                      ray.cluster_resources().get("GPU", 0) > 0)
+        groups = _placement_groups(config, num_workers, on_gpu)
+        per_node = num_workers // len(groups)
+        remote = ray.remote(WorkerProcess)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        for rank in range(num_workers):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=groups[rank // per_node],
+                placement_group_bundle_index=rank % per_node)
+            actors.append(remote.options(
+                num_cpus=1, num_gpus=1 if on_gpu else 0, max_restarts=0,
+                scheduling_strategy=strategy,
+                runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+            ).remote(rank, num_workers, config))
+        infos = ray.get([actor.address.remote() for actor in actors])
+        _record_workers(config, infos)
+        group_ranks = [list(a.group_ranks) or list(range(num_workers)) for a in plan]
+        master = infos[0]
+        pending = {actor.run.remote(master["node_ip"], master["port"], plan[rank].graph,
+                                    group_ranks): rank
+                   for rank, actor in enumerate(actors)}
+        history = None
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            rank = pending.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except Exception as exc:  # the first failure ends the job
+                raise _failure(exc, infos[rank]) from None
+            if rank == 0:
+                history = result
+        return history
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        for group in groups:
+            ray.util.remove_placement_group(group)
+        if started:
+            ray.shutdown()

@@ -1,0 +1,60 @@
+"""What runs inside one worker process of a multi-worker job (a Ray actor).
+
+The driver only hands out the plan and the rendezvous address; the worker then joins
+torch.distributed, builds its process groups, its DAGWorker (engines, dataloader slice)
+and runs the same training loop as a single worker. Batches never leave the workers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence
+
+from siirl.execution.config_select import select
+
+
+class WorkerProcess:
+    """One DAGWorker process; ``rank`` is its global rank in the job."""
+
+    def __init__(self, rank: int, world_size: int, config: Any):
+        self.rank, self.world_size, self.config = rank, world_size, config
+
+    def address(self) -> dict:
+        """Where this process runs, and a free port on its host for the rendezvous."""
+        from siirl.execution.scheduler.process_group_manager import free_port, node_ip
+
+        return {"rank": self.rank, "pid": os.getpid(), "node_ip": node_ip(),
+                "port": free_port()}
+
+    def run(self, master_addr: str, master_port: int, graph: Any,
+            group_ranks: Sequence[Sequence[int]]) -> Optional[List[dict]]:
+        """Train to the end; rank 0 returns the metric history (small dicts only)."""
+        from siirl.dag_worker.collective import WorkerComm
+        from siirl.dag_worker.dagworker import DAGWorker
+        from siirl.dag_worker.engines import roles_needed
+        from siirl.dag_worker.trainer_loop import Trainer
+        from siirl.execution.device import device_kind
+        from siirl.execution.scheduler.process_group_manager import (
+            ProcessGroupManager,
+            backend_for,
+            init_distributed,
+            shutdown_distributed,
+        )
+
+        kind = device_kind(self.config)
+        if kind == "cuda":
+            import torch
+
+            torch.cuda.set_device(0)  # Ray shows each GPU worker exactly its own GPU
+        backend = backend_for(kind)
+        timeout = float(select(self.config, "trainer.dist_timeout_s", 600))
+        init_distributed(self.rank, self.world_size, master_addr, master_port, backend,
+                         timeout)
+        groups = ProcessGroupManager(self.rank, group_ranks, sorted(roles_needed(graph)),
+                                     backend, timeout)
+        comm = WorkerComm(self.rank, self.world_size, groups.world_control)
+        worker = DAGWorker(graph, self.config, rank=groups.group_rank,
+                           world_size=groups.group_size, comm=comm, process_groups=groups)
+        history = Trainer(worker).fit()
+        shutdown_distributed()  # only after success: a failed peer would never answer
+        return history if self.rank == 0 else None
