@@ -133,9 +133,9 @@ def test_failing_node_is_short_unless_traceback_asked(tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def test_more_workers_than_supported_is_a_clear_error():
+def test_zero_workers_is_a_clear_error():
     proc = siirl_train("dag.custom_pipeline_fn=siirl_cli_pipelines:toy_pipeline",
-                       "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1")
+                       "trainer.n_gpus_per_node=0", "trainer.total_training_steps=1")
     assert_short_error(proc, "trainer.n_gpus_per_node")
 
 

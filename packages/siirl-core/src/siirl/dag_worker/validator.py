@@ -17,13 +17,20 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
     rollout = worker.engines.get("rollout")
     reward = worker.engines.get("reward")
     rows = []  # (data_source, score, response length)
-    for batch in val_loader:
+    batches = list(val_loader)
+    comm = getattr(worker, "comm", None)
+    if comm is not None and comm.active:
+        # Generation gathers sharded weights (a collective): every worker must call it as
+        # often as the others, so one whose share ran out repeats a discarded 1-row batch.
+        most = max(comm.all_gather(len(batches)))
+        for _ in range(most - len(batches) if batches else 0):
+            rollout.generate(batches[0][:1], validate=True)
+    for batch in batches:
         generated = rollout.generate(batch, validate=True).batch
         scored = reward.compute_reward(generated).batch
         scores = scored["token_level_scores"].sum(dim=-1).tolist()
         lengths = scored["response_mask"].sum(dim=-1).tolist()
         rows.extend(zip(get_non_tensor(scored, "data_source"), scores, lengths, strict=True))
-    comm = getattr(worker, "comm", None)
     if comm is not None:
         rows = [row for part in comm.all_gather(rows) for row in part]
     by_source: Dict[str, list] = defaultdict(list)

@@ -15,7 +15,8 @@ Validation problems found on one rank travel in the metadata, so every rank rais
 same ``DataError`` instead of some ranks waiting forever on a send that never comes.
 Tensor fields must have the same dtype and trailing shape on every source: pad to a
 common width before redistributing (no implicit padding here). The result lives on the
-transport device (cpu for gloo, the current cuda device for nccl).
+transport device (cpu for gloo, the current cuda device for nccl: call
+``torch.cuda.set_device`` first, as NCCL's object collectives need it).
 """
 
 from __future__ import annotations
@@ -232,7 +233,8 @@ class DataBuffer:
         of the group calls it, in the same order. Same layouts: returns ``batch`` itself."""
         if src == dst:
             return batch  # rows already sit where the next stage reads them
-        members = dist.get_process_group_ranks(self.group or dist.group.WORLD)  # group order
+        group = self.group if self.group is not None else dist.group.WORLD
+        members = dist.get_process_group_ranks(group)  # in group-rank order
         outside = sorted(set(src.ranks + dst.ranks) - set(members))
         if outside:
             raise DataError(f"layout ranks {outside} are not in the DataBuffer's group")

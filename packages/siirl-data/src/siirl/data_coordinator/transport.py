@@ -39,7 +39,8 @@ class Piece:
 
 @dataclass
 class Traffic:
-    """Cumulative counters; ``rows_sent`` counts a row once per receiving rank."""
+    """Cumulative point-to-point counters (lengths and headers included, the metadata
+    all-gather not); ``rows_sent`` counts a row once per receiving rank."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -118,9 +119,14 @@ def exchange(
          timeout)
     metas = {p: pickle.loads(h.cpu().numpy().tobytes()) for p, h in in_headers.items()}
 
-    # Zero-byte fields (no rows, or a 0-wide dim) are rebuilt from the header alone.
-    outgoing = {p: [r for r in (_raw(t, device) for t in piece.tensors.values()) if r.numel()]
-                for p, piece in sends.items()}
+    # Zero-byte fields (no rows, or a 0-wide dim) are rebuilt from the header alone. TP
+    # peers share one Piece, so it is moved to the device (and made contiguous) once.
+    raws: dict[int, list[torch.Tensor]] = {}
+    for piece in sends.values():
+        if id(piece) not in raws:
+            raws[id(piece)] = [r for r in (_raw(t, device) for t in piece.tensors.values())
+                               if r.numel()]
+    outgoing = {p: raws[id(piece)] for p, piece in sends.items()}
     buffers: dict[int, dict[str, torch.Tensor]] = {}
     incoming = {}
     for peer, meta in metas.items():

@@ -22,6 +22,7 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator import protocol
+from siirl.engine.fsdp_utils import full_weights
 from siirl.engine.models.logprob import accepts_kwarg
 from siirl.engine.rollout.keyed_random import row_keys, uniforms
 from siirl.execution.config_select import select
@@ -211,14 +212,18 @@ class HFRollout:
         # submodules frozen in eval mode by the actor stay so
         modes = [(m, m.training) for m in module.modules()]
         module.eval()
+        parts = []
         try:
-            parts = []
-            for start in range(0, prompts.shape[0], chunk):
-                rows = slice(start, start + chunk)
-                tokens = decode(module, prompts[rows].to(device), prompt_mask[rows].to(device),
-                                prompt_pos[rows].to(device), width, eos_ids, pad_id, **params,
-                                keys=keys[rows].to(device))
-                parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
+            reshard = bool(select(self.config, "actor_rollout_ref.actor.fsdp_config."
+                                  "reshard_after_forward", True))
+            # sharded: weights gathered once per call, then every forward is local
+            with full_weights(module, reshard):
+                for start in range(0, prompts.shape[0], chunk):
+                    rows = slice(start, start + chunk)
+                    tokens = decode(module, prompts[rows].to(device),
+                                    prompt_mask[rows].to(device), prompt_pos[rows].to(device),
+                                    width, eos_ids, pad_id, **params, keys=keys[rows].to(device))
+                    parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
         finally:
             for m, mode in modes:
                 m.training = mode

@@ -1,0 +1,133 @@
+"""The main job on 2 CPU worker processes (Ray actors, gloo) against the 1-worker run.
+
+Same seed and global batch: the 2-worker run must train exactly like the 1-worker run
+(first step's actor loss and gradient norm within 1e-5), log each step once, write
+checkpoints that both layouts resume from, and stop within 60 s when a worker is killed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+SMALL = ["data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=16", "trainer.logger=[]",
+         "trainer.val_before_train=false", "trainer.device=cpu", "trainer.seed=7"]
+TWO = ["trainer.n_gpus_per_node=2", "trainer.ray_address=local"]
+TOL = 1e-5
+
+
+def _env():
+    # Ray 2.60 turns on token auth (a token under $HOME) unless told otherwise
+    return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+
+
+def _cmd(run_dir, ray_dir, overrides):
+    return [sys.executable, "-m", "siirl.main_dag", f"trainer.default_local_dir={run_dir}",
+            f"trainer.ray_temp_dir={ray_dir}", *SMALL, *overrides]
+
+
+def train(run_dir, *overrides, timeout=300):
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
+    proc = subprocess.run(_cmd(run_dir, ray_dir, overrides), capture_output=True, text=True,
+                          env=_env(), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def steps(run_dir):
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        kind = "val" if "val/score/mean" in record else "train"
+        key = (kind, record["step"])
+        assert key not in out, f"{key} logged twice"
+        out[key] = record
+    return out
+
+
+def assert_close(a, b, keys):
+    for key in keys:
+        assert abs(a[key] - b[key]) <= TOL * max(1.0, abs(a[key])), (key, a[key], b[key])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One worker for 3 steps; two workers for 2 steps (checkpoint at 2), resumed to 3."""
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    common = ["trainer.save_freq=2", "trainer.test_freq=2"]
+    train(one, *common, "trainer.total_training_steps=3")
+    train(two, *common, *TWO, "trainer.total_training_steps=2")
+    first_leg = steps(two)
+    train(two, *common, *TWO, "trainer.total_training_steps=3")
+    return one, two, first_leg
+
+
+def test_two_workers_train_like_one(runs):
+    one, _, first_leg = runs
+    a, b = steps(one), first_leg
+    assert sorted(b) == [("train", 1), ("train", 2), ("val", 2)]
+    assert_close(a[("train", 1)], b[("train", 1)],
+                 ["actor/pg_loss", "actor/grad_norm", "critic/score/mean",
+                  "response_length/mean", "actor/entropy"])
+    assert_close(a[("train", 2)], b[("train", 2)], ["actor/pg_loss", "actor/grad_norm"])
+    # validation covers the whole set once, split over both workers
+    assert_close(a[("val", 2)], b[("val", 2)], ["val/score/mean", "val/response_length/mean"])
+
+
+def test_two_worker_checkpoint_is_committed_once_all_ranks_wrote(runs):
+    _, two, _ = runs
+    ckpt = Path(two) / "global_step_2"
+    assert (ckpt / "COMMITTED").is_file()
+    assert (ckpt / "trainer_state.pt").is_file() and (ckpt / "trainer_state.rank1.pt").is_file()
+    assert (ckpt / "actor" / "huggingface" / "config.json").is_file()
+    assert not list(Path(two).glob(".*.partial"))
+    workers = json.loads((Path(two) / "workers.json").read_text())
+    assert [w["rank"] for w in workers] == [0, 1]
+
+
+def test_resumed_two_worker_run_continues_exactly(runs, tmp_path):
+    one, two, _ = runs
+    resumed = steps(two)
+    assert ("train", 3) in resumed and ("train", 1) in resumed  # appended after step 2
+    assert_close(steps(one)[("train", 3)], resumed[("train", 3)],
+                 ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+    # a 2-worker checkpoint also resumes on 1 worker (full weights, shared data position)
+    single = tmp_path / "single"
+    train(single, "trainer.total_training_steps=3", "trainer.save_freq=-1",
+          "trainer.test_freq=-1", f"trainer.resume_from_path={Path(two) / 'global_step_2'}",
+          "trainer.resume_mode=resume_path")
+    assert_close(resumed[("train", 3)], steps(single)[("train", 3)],
+                 ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+
+
+def test_killing_a_worker_stops_the_job_within_60s(tmp_path):
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    proc = subprocess.Popen(_cmd(tmp_path, ray_dir, [*TWO, "trainer.total_training_steps=500",
+                                                     "trainer.save_freq=-1",
+                                                     "trainer.test_freq=-1"]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.5)
+    victim = json.loads((tmp_path / "workers.json").read_text())[1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the job was still running 60 s after a worker was killed")
+    assert time.monotonic() - killed_at < 60
+    assert proc.returncode != 0
+    assert f"worker rank 1 (pid {victim['pid']}" in err and "died" in err, err[-3000:]
