@@ -107,6 +107,18 @@ def test_resumed_two_worker_run_continues_exactly(runs, tmp_path):
                  ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
 
 
+def test_tensor_parallel_rollout_feeds_data_parallel_training(runs, tmp_path):
+    """Rollout at tensor-parallel size 2 (both workers read and generate the same rows),
+    training data parallel over both: the DataBuffer moves half the rows, and the result
+    is still the 1-worker run's."""
+    one, _, _ = runs
+    train(tmp_path, *TWO, "trainer.total_training_steps=1", "trainer.save_freq=-1",
+          "trainer.test_freq=-1", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    got, want = steps(tmp_path)[("train", 1)], steps(one)[("train", 1)]
+    assert_close(want, got, ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+    assert got["databuffer/actor_old_log_prob/bytes_sent"] > 0
+
+
 def test_killing_a_worker_stops_the_job_within_60s(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     proc = subprocess.Popen(_cmd(tmp_path, ray_dir, [*TWO, "trainer.total_training_steps=500",

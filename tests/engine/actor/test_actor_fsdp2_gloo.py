@@ -83,5 +83,11 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     # Adam's first step is ~lr * sign(grad): float noise on near-zero gradients can move a
     # weight by a small fraction of lr, so weights get a looser bound than gradients.
     assert max_param_diff(result["weights"], params(single.module)) < 1e-4
-    saved = checkpoint.load_tensors(str(tmp_path / "ckpt" / checkpoint.MODEL_FILE))
-    assert max_param_diff(saved, result["weights"]) == 0.0
+    # the 2-rank checkpoint holds one shard file per rank and loads into one plain module
+    assert sorted(p.name for p in (tmp_path / "ckpt" / checkpoint.SHARDED_DIR).iterdir()) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    plain = copy.deepcopy(single.module)
+    optimizer = torch.optim.AdamW(plain.parameters())
+    checkpoint.load_checkpoint(str(tmp_path / "ckpt"), plain, optimizer)
+    assert max_param_diff(params(plain), result["weights"]) == 0.0
+    assert len(optimizer.state) == len(list(plain.parameters()))  # moments restored too

@@ -9,7 +9,9 @@ Data along edges: an entry node receives the batch given to ``execute_task_graph
 with one parent receives that parent's output batch; a node with several parents receives
 their batches merged (``dag_utils.merge_parent_batches``: fields unioned, the parent listed
 later in ``dependencies`` wins a shared field). A node returning ``batch=None`` passes its
-input on unchanged.
+input on unchanged. When a parent's rows are laid out differently from what the node needs
+(``layouts``: e.g. a tensor-parallel rollout feeding data-parallel training), the worker's
+DataBuffer first moves them, worker to worker; with equal layouts nothing moves.
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ class DAGWorker:
         self.world_size = world_size
         self.comm = comm if comm is not None else WorkerComm()
         self.process_groups = process_groups
+        self._layouts: Dict[str, Any] = {}
+        self._buffer = None
         self.global_step = 0
         self.engines = WorkerEngines(config, worker=self)
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()
         self.tokenizer = None
+        self.is_data_source = True  # False on tensor-parallel peers holding copied rows
         self.train_loader = None
         self.val_loader = None
         # Named objects whose state must survive a resume (e.g. an adaptive KL controller):
@@ -66,15 +71,24 @@ class DAGWorker:
         """Build this worker's engines (actor first: the others share its model and
         tokenizer) and, when the graph trains a policy, its dataloaders."""
         from siirl.dag_worker.data_setup import build_dataloaders
+        from siirl.dag_worker.layouts import entry_layout, node_layouts
 
+        if self.process_groups is not None:
+            ranks, me = self.process_groups.ranks, self.comm.rank
+        else:  # no process groups: this worker alone, or a hand-built rank for tests
+            ranks, me = tuple(range(self.world_size)), self.rank
+        self._layouts = node_layouts(self.taskgraph, self.config, ranks)
+        data = entry_layout(self.taskgraph, self._layouts)
         roles = roles_needed(self.taskgraph)
         self.engines.resolve(roles)
         for role in sorted(roles, key=lambda r: r != "actor"):
             self.engines.get(role)
         if "actor" in roles:
             self.tokenizer = self.engines.get("actor").tokenizer
+            # rows by the entry node's data-parallel rank: tensor-parallel peers share them
+            self.is_data_source = data.is_source(me)
             self.train_loader, self.val_loader = build_dataloaders(
-                self.config, self.tokenizer, self.rank, self.world_size)
+                self.config, self.tokenizer, data.dp_rank(me), data.dp_size)
 
     def process_group(self, role: str) -> Any:
         """The torch.distributed group an engine of ``role`` shards and reduces over
@@ -114,7 +128,8 @@ class DAGWorker:
             node = graph.nodes[node_id]
             if node.dependencies:
                 node_input = merge_parent_batches(
-                    node_id, [outputs[dep] for dep in node.dependencies])
+                    node_id, [self._moved(outputs[dep], dep, node_id)
+                              for dep in node.dependencies])
             else:
                 node_input = batch
             output, seconds = self.executor.run(node, node_input, self.config)
@@ -128,6 +143,23 @@ class DAGWorker:
                     outputs.pop(dep, None)
         self.metrics.add("timing_s/step", time.perf_counter() - start)
         return StepResult(outputs=exits, metrics=self.metrics.result())
+
+    def _moved(self, batch: Any, parent: str, child: str) -> Any:
+        """``parent``'s output laid out as ``child`` needs it (the same object when the
+        layouts agree; a DataBuffer transfer, a collective over the graph's workers, else)."""
+        src, dst = self._layouts.get(parent), self._layouts.get(child)
+        if src is None or src == dst:
+            return batch
+        if self._buffer is None:
+            from siirl.data_coordinator.data_buffer import DataBuffer
+
+            group = self.process_groups.control_group if self.process_groups else None
+            self._buffer = DataBuffer(group)
+        sent, start = self._buffer.bytes_sent, time.perf_counter()
+        moved = self._buffer.redistribute(batch, src, dst, group_key="uid")
+        self.metrics.add(f"databuffer/{child}/bytes_sent", self._buffer.bytes_sent - sent)
+        self.metrics.add(f"timing_s/databuffer/{child}", time.perf_counter() - start)
+        return moved
 
     # ---- built-in node functions: each delegates to the engine of its role -------------
 

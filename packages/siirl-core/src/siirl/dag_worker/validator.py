@@ -32,6 +32,8 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
         lengths = scored["response_mask"].sum(dim=-1).tolist()
         rows.extend(zip(get_non_tensor(scored, "data_source"), scores, lengths, strict=True))
     if comm is not None:
+        # tensor-parallel peers validated copies of the same rows: count them once
+        rows = rows if getattr(worker, "is_data_source", True) else []
         rows = [row for part in comm.all_gather(rows) for row in part]
     by_source: Dict[str, list] = defaultdict(list)
     for source, score, _ in rows:

@@ -206,12 +206,12 @@ class ActorEngine:
         extra = {"lr_scheduler": self._scheduler().state_dict(),
                  "update_count": self.actor.update_count}
         ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
-                             sharded=self.sharded, rank=self.rank,
+                             sharded=self.sharded, rank=self.rank, group=self.group,
                              contents=self._contents("save_contents"))
 
     def load_checkpoint(self, directory: str) -> None:
         extra = ckpt.load_checkpoint(directory, self.module, self.optimizer,
-                                     sharded=self.sharded,
+                                     sharded=self.sharded, group=self.group,
                                      contents=self._contents("load_contents"))
         if "lr_scheduler" in extra:
             self._scheduler().load_state_dict(extra["lr_scheduler"])
@@ -233,7 +233,7 @@ class ActorEngine:
                 if self.tokenizer is not None:
                     self.tokenizer.save_pretrained(tmp)
         if self.sharded:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self.group)
 
 
 def _fix_architectures(directory: str, module: torch.nn.Module) -> None:

@@ -30,6 +30,7 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("*/kept", SUM),
     ("perf/throughput", SUM),
     ("*tokens_per_s", SUM),
+    ("databuffer/*/bytes_sent", SUM),
 )
 DEFAULT_REDUCER = MEAN
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -24,6 +25,7 @@ from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 
 PLACEMENT_TIMEOUT_S = 120
+LOG_FLUSH_S = 1.0
 
 
 def _start_ray(config: Any, num_workers: int) -> bool:
@@ -154,6 +156,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
                 raise _failure(exc, infos[rank]) from None
             if rank == 0:
                 history = result
+        time.sleep(LOG_FLUSH_S)  # let Ray forward the workers' last log lines
         return history
     finally:
         for actor in actors:

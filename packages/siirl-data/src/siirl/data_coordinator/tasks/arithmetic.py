@@ -104,7 +104,11 @@ def write_parquet(rows: Sequence[dict], path: str | os.PathLike) -> None:
     """Rows in :data:`SCHEMA` (any ``extra_info`` keys beyond its fields are dropped)."""
     path = os.path.expanduser(os.fspath(path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(list(rows), schema=SCHEMA), path)
+    # written aside and renamed: several workers may create the same file at once, and
+    # none may ever read it half-written
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=SCHEMA), tmp)
+    os.replace(tmp, path)
 
 
 def write_jsonl(rows: Sequence[dict], path: str | os.PathLike) -> None:

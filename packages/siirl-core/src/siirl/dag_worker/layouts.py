@@ -1,0 +1,55 @@
+"""Where each node's rows live: the data-parallel layout of every node of a graph.
+
+A node that runs a model has the layout of its engine: the rollout groups
+``actor_rollout_ref.rollout.tensor_model_parallel_size`` consecutive workers into one
+tensor-parallel group that reads the same rows; FSDP training and inference nodes (actor,
+reference, critic) are plain data parallel, one row share per worker. Every other node
+(reward, advantage, filters, custom functions) works where its first parent's rows are.
+Between a parent and a child with different layouts the DAGWorker's DataBuffer moves the
+rows; between equal layouts they stay in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Sequence
+
+from siirl.data_coordinator.data_buffer import Layout
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+from siirl.execution.dag.node import NodeRole
+from siirl.execution.dag.task_graph import TaskGraph
+
+# node role -> config key of the model-parallel size whose peers share rows
+_MODEL_PARALLEL_KEYS = {
+    NodeRole.ROLLOUT: "actor_rollout_ref.rollout.tensor_model_parallel_size",
+}
+_DATA_PARALLEL_ROLES = (NodeRole.ACTOR, NodeRole.REFERENCE, NodeRole.CRITIC)
+
+
+def _role_layout(role: NodeRole, config: Any, ranks: Sequence[int]) -> Layout:
+    key = _MODEL_PARALLEL_KEYS.get(role)
+    size = int(select(config, key, 1) or 1) if key else 1
+    if size < 1 or len(ranks) % size:
+        raise ConfigError(f"{key}={size} must divide the number of workers running the graph "
+                          f"({len(ranks)})")
+    return Layout(tuple(ranks), size)
+
+
+def node_layouts(graph: TaskGraph, config: Any, ranks: Sequence[int]) -> Dict[str, Layout]:
+    """Layout of every node (in execution order) for a graph run by global ``ranks``."""
+    plain = Layout(tuple(ranks), 1)
+    layouts: Dict[str, Layout] = {}
+    for node_id in graph.get_execution_order():
+        node = graph.nodes[node_id]
+        if node.node_role in _MODEL_PARALLEL_KEYS or node.node_role in _DATA_PARALLEL_ROLES:
+            layouts[node_id] = _role_layout(node.node_role, config, ranks)
+        elif node.dependencies:
+            layouts[node_id] = layouts[node.dependencies[0]]
+        else:
+            layouts[node_id] = plain
+    return layouts
+
+
+def entry_layout(graph: TaskGraph, layouts: Dict[str, Layout]) -> Layout:
+    """The layout the dataloader feeds: that of the first node in execution order."""
+    return layouts[graph.get_execution_order()[0]]
