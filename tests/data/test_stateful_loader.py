@@ -186,3 +186,25 @@ def test_uneven_shares_same_batch_count(tmp_path, n, world_size, bs):
     counts = {len(ld) for ld in loaders}
     assert counts == {n // world_size // bs}
     assert {len(list(ld)) for ld in loaders} == counts
+
+
+def test_ranks_take_slices_of_the_same_global_batch():
+    """Two ranks together load exactly the 1-rank batches, each its half, in every epoch;
+    sample ids are the same whichever rank holds a row."""
+    ds = _items(40)
+    whole = StatefulDataLoader(ds, batch_size=8, pad_token_id=0, seed=3)
+    halves = [StatefulDataLoader(ds, batch_size=4, pad_token_id=0, seed=3, rank=r,
+                                 num_ranks=2) for r in (0, 1)]
+    assert len(whole) == len(halves[0]) == len(halves[1]) == 5
+    for _ in range(2):  # two epochs
+        for big, a, b in zip(whole, *halves, strict=True):
+            assert _indices(big) == _indices(a) + _indices(b)
+            assert big["sample_id"].tolist() == a["sample_id"].tolist() + b["sample_id"].tolist()
+    ids = [i for batch in whole for i in batch["sample_id"].tolist()]
+    assert ids == list(range(80, 120))  # epoch 2 of 40 rows: unique over the run
+
+
+def test_shared_loader_needs_drop_last():
+    with pytest.raises(DataError, match="drop_last"):
+        StatefulDataLoader(_items(8), batch_size=2, pad_token_id=0, drop_last=False, rank=0,
+                           num_ranks=2)

@@ -23,9 +23,14 @@ TWO = ["trainer.n_gpus_per_node=2", "trainer.ray_address=local"]
 TOL = 1e-5
 
 
+HERE = Path(__file__).parent
+
+
 def _env():
-    # Ray 2.60 turns on token auth (a token under $HOME) unless told otherwise
-    return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    # Ray 2.60 turns on token auth (a token under $HOME) unless told otherwise; the workers
+    # of the local cluster inherit PYTHONPATH, so they import this directory's helpers
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="", PYTHONPATH=path)
 
 
 def _cmd(run_dir, ray_dir, overrides):
@@ -33,11 +38,11 @@ def _cmd(run_dir, ray_dir, overrides):
             f"trainer.ray_temp_dir={ray_dir}", *SMALL, *overrides]
 
 
-def train(run_dir, *overrides, timeout=300):
+def train(run_dir, *overrides, timeout=300, ok=True):
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
     proc = subprocess.run(_cmd(run_dir, ray_dir, overrides), capture_output=True, text=True,
                           env=_env(), timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (proc.returncode == 0) == ok, proc.stderr[-4000:]
     return proc
 
 
@@ -117,6 +122,24 @@ def test_tensor_parallel_rollout_feeds_data_parallel_training(runs, tmp_path):
     got, want = steps(tmp_path)[("train", 1)], steps(one)[("train", 1)]
     assert_close(want, got, ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
     assert got["databuffer/actor_old_log_prob/bytes_sent"] > 0
+
+
+def test_a_raising_worker_stops_the_job_with_its_rank_and_traceback(tmp_path):
+    start = time.monotonic()
+    proc = train(tmp_path, *TWO, "dag.custom_pipeline_fn=siirl_e2e_failing:rank_one_fails",
+                 "trainer.total_training_steps=50", "trainer.save_freq=-1",
+                 "trainer.test_freq=-1", ok=False)
+    assert proc.returncode == 1  # the exit code of the same error with one worker
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("siirl-train: error: worker rank 1 (pid"), last
+    assert "boom on rank 1 at step 2" in last and "siirl_e2e_failing.py:18" in last
+    assert time.monotonic() - start < 120
+    # --traceback: the failing worker's own traceback
+    proc = train(tmp_path, *TWO, "dag.custom_pipeline_fn=siirl_e2e_failing:rank_one_fails",
+                 "trainer.total_training_steps=50", "--traceback", ok=False)
+    assert "worker rank 1 (pid" in proc.stderr and "failed; the job was stopped" in proc.stderr
+    assert "RuntimeError: boom on rank 1 at step 2" in proc.stderr
+    assert 'siirl_e2e_failing.py", line 18, in fail_on_rank_one' in proc.stderr
 
 
 def test_killing_a_worker_stops_the_job_within_60s(tmp_path):

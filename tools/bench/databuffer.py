@@ -16,7 +16,7 @@ One run measures
 Throughput is batch bytes (all tensor fields, whole batch) / seconds of the slowest rank,
 so the ratios are time ratios; ``wire_bytes`` is what actually crossed the transport
 (headers included, the metadata all-gather not). ``--scaling`` additionally runs the main
-job with 1 and 2 CPU workers at 16 samples per worker and reports the scaling efficiency.
+job with 1 and 2 CPU workers at 16 prompts per worker and reports the scaling efficiency.
 """
 
 from __future__ import annotations
@@ -158,8 +158,10 @@ def bench_workers(world: int, args: dict) -> dict:
 
 def _launch(cmd: list, timeout: float) -> tuple[int, str]:
     """Run the job in its own session, so a timeout also ends the workers it started."""
+    env = dict(os.environ)
+    env.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token files
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -171,7 +173,8 @@ def _launch(cmd: list, timeout: float) -> tuple[int, str]:
 
 
 def bench_scaling(steps: int, timeout: float) -> dict:
-    """Main job at 1 and 2 CPU workers, 16 samples per worker; steps/s skip step 1."""
+    """Main job at 1 and 2 CPU workers, 16 prompts (x rollout.n samples) per worker;
+    steps/s skip step 1."""
     exe = os.path.join(os.path.dirname(sys.executable), "siirl-train")
     out: dict = {}
     for n in (1, 2):
@@ -196,11 +199,11 @@ def bench_scaling(steps: int, timeout: float) -> dict:
                 if not times:
                     raise RuntimeError(f"metrics.jsonl has no step after the first ({steps=})")
                 step_s = statistics.fmean(times)
-                out[n] = {"steps_per_s": 1 / step_s, "samples_per_s": 16 * n / step_s,
+                out[n] = {"steps_per_s": 1 / step_s, "prompts_per_s": 16 * n / step_s,
                           "steps_measured": len(times)}
             except Exception as err:  # report, do not crash the whole benchmark
                 return {"error": f"{n} worker(s): {type(err).__name__}: {err}", **out}
-    out["efficiency"] = out[2]["samples_per_s"] / out[1]["samples_per_s"] / 2
+    out["efficiency"] = out[2]["prompts_per_s"] / out[1]["prompts_per_s"] / 2
     return out
 
 
@@ -244,12 +247,12 @@ def main(argv=None) -> int:
                   f"{entry['driver_bytes'] / 1e6:>11.1f}{ratios}")
     if args.scaling:
         result["scaling"] = scaling = bench_scaling(args.scaling_steps, args.scaling_timeout)
-        print("\nmain job, 16 samples per CPU worker:")
+        print("\nmain job, 16 prompts x rollout.n per CPU worker:")
         for n in (1, 2):
             if n in scaling:
                 s = scaling[n]
                 print(f"  {n} worker(s): {s['steps_per_s']:.3f} steps/s, "
-                      f"{s['samples_per_s']:.2f} samples/s")
+                      f"{s['prompts_per_s']:.2f} prompts/s")
         if "error" in scaling:
             print(f"  scaling run failed: {scaling['error']}")
         else:

@@ -78,6 +78,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     show_traceback = os.environ.get("SIIRL_TRACEBACK", "") not in ("", "0") or \
         "--traceback" in argv
+    if show_traceback:
+        os.environ["SIIRL_TRACEBACK"] = "1"  # worker failures then carry their traceback
     try:
         opts = _parse_argv(argv)
         if opts["help"] is not None:

@@ -87,7 +87,9 @@ def _failure(exc: Exception, info: dict) -> SiirlError:
     where = _describe(info)
     if isinstance(exc, RayTaskError):
         cause = getattr(exc, "cause", None)
-        if isinstance(cause, SiirlError) and not isinstance(cause, WorkerFailedError):
+        wanted = os.environ.get("SIIRL_TRACEBACK", "") not in ("", "0")
+        if isinstance(cause, SiirlError) and not isinstance(cause, WorkerFailedError) \
+                and not wanted:
             # a user error (config, data, plugin): one line, as for a single worker
             error = type(cause)(f"{where}: {cause}")
             error.exit_code = getattr(cause, "exit_code", 1)
