@@ -183,8 +183,8 @@ def test_reference_is_skipped_without_kl():
     out = engine.compute_ref_log_prob(batch)
     assert out.batch is batch and "ref_log_prob" not in batch.keys()
     assert out.metrics == {"ref/skipped": 1.0}
-    with pytest.raises(ConfigError, match="actor, reference"):
-        fsdp_engine("critic", actor_config(), None)
+    with pytest.raises(ConfigError, match="actor, critic, reference"):
+        fsdp_engine("rollout", actor_config(), None)
 
 
 def test_checkpoint_round_trip_resumes_exactly(tmp_path):

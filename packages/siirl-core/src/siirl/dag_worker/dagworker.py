@@ -9,7 +9,10 @@ Data along edges: an entry node receives the batch given to ``execute_task_graph
 with one parent receives that parent's output batch; a node with several parents receives
 their batches merged (``dag_utils.merge_parent_batches``: fields unioned, the parent listed
 later in ``dependencies`` wins a shared field). A node returning ``batch=None`` passes its
-input on unchanged. When a parent's rows are laid out differently from what the node needs
+input on unchanged. A node returning ``info={"regenerate": True}`` (DAPO's dynamic sampling
+when it has too few prompt groups) restarts the graph on the next batch of the dataloader
+within the same training step; ``step_state`` keeps what such a node gathered meanwhile.
+When a parent's rows are laid out differently from what the node needs
 (``layouts``: e.g. a tensor-parallel rollout feeding data-parallel training), the worker's
 DataBuffer first moves them, worker to worker; with equal layouts nothing moves.
 """
@@ -17,15 +20,15 @@ DataBuffer first moves them, worker to worker; with equal layouts nothing moves.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
-from siirl.dag_worker import core_algos
-from siirl.dag_worker.dag_utils import call_with_available, merge_parent_batches
+from siirl.dag_worker import algorithm_nodes
+from siirl.dag_worker.dag_utils import merge_parent_batches
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
 from siirl.dag_worker.engines import WorkerEngines, roles_needed
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
-from siirl.execution.config_select import select
+from siirl.errors import PipelineError
 from siirl.execution.dag.task_graph import TaskGraph
 
 
@@ -50,6 +53,7 @@ class DAGWorker:
         self.process_groups = process_groups
         self._layouts: Dict[str, Any] = {}
         self._buffer = None
+        self.step_state: Dict[str, Any] = {}  # node scratch space for one training step
         self.global_step = 0
         self.engines = WorkerEngines(config, worker=self)
         self.executor = NodeExecutor(self)
@@ -81,6 +85,9 @@ class DAGWorker:
         data = entry_layout(self.taskgraph, self._layouts)
         roles = roles_needed(self.taskgraph)
         self.engines.resolve(roles)
+        if "actor" in roles:
+            algorithm_nodes.check_algorithm_names(self.config)
+        algorithm_nodes.setup_algorithm_objects(self, self.config)
         for role in sorted(roles, key=lambda r: r != "actor"):
             self.engines.get(role)
         if "actor" in roles:
@@ -116,11 +123,28 @@ class DAGWorker:
             if name in state:
                 obj.load_state_dict(state[name])
 
-    def execute_task_graph(self, batch: Any = None) -> StepResult:
-        """Run every node once in topological order; return exit outputs and step metrics."""
-        graph = self.taskgraph
+    def execute_task_graph(self, batch: Any = None,
+                           next_batch: Optional[Callable[[], Any]] = None) -> StepResult:
+        """Run every node once in topological order; return exit outputs and step metrics.
+
+        ``next_batch`` supplies further batches when a node asks to regenerate."""
         self.metrics.reset()
+        self.step_state = {}
         start = time.perf_counter()
+        while True:
+            exits = self._run_graph(batch)
+            if exits is not None:
+                break
+            if next_batch is None:
+                raise PipelineError("a node asked to regenerate (info['regenerate']) but this "
+                                    "run has no further batches to give it")
+            batch = next_batch()
+        self.metrics.add("timing_s/step", time.perf_counter() - start)
+        return StepResult(outputs=exits, metrics=self.metrics.result())
+
+    def _run_graph(self, batch: Any) -> Optional[Dict[str, NodeOutput]]:
+        """One pass over the graph; None when a node asked for a new batch."""
+        graph = self.taskgraph
         outputs: Dict[str, Any] = {}  # node_id -> batch handed to its children
         pending_children = {node_id: len(graph.adj[node_id]) for node_id in self._order}
         exits: Dict[str, NodeOutput] = {}
@@ -134,6 +158,8 @@ class DAGWorker:
                 node_input = batch
             output, seconds = self.executor.run(node, node_input, self.config)
             self.metrics.add_node(node_id, output.metrics, seconds)
+            if (output.info or {}).get("regenerate"):
+                return None
             outputs[node_id] = node_input if output.batch is None else output.batch
             if not graph.adj[node_id]:
                 exits[node_id] = NodeOutput(outputs[node_id], output.metrics, output.info)
@@ -141,8 +167,7 @@ class DAGWorker:
                 pending_children[dep] -= 1
                 if pending_children[dep] == 0:
                     outputs.pop(dep, None)
-        self.metrics.add("timing_s/step", time.perf_counter() - start)
-        return StepResult(outputs=exits, metrics=self.metrics.result())
+        return exits
 
     def _moved(self, batch: Any, parent: str, child: str) -> Any:
         """``parent``'s output laid out as ``child`` needs it (the same object when the
@@ -170,39 +195,30 @@ class DAGWorker:
         return self.engines.get("reward").compute_reward(batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
+        if "old_log_probs" in batch.keys():  # computed early for KL in the reward
+            return NodeOutput(batch=batch)
         return self.engines.get("actor").compute_log_prob(batch)
 
     def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
+        if "ref_log_prob" in batch.keys():
+            return NodeOutput(batch=batch)
         return self.engines.get("reference").compute_ref_log_prob(batch)
 
     def compute_value(self, batch, config=None, **kwargs) -> NodeOutput:
         return self.engines.get("critic").compute_values(batch)
 
     def train_actor(self, batch, config=None, **kwargs) -> NodeOutput:
+        if algorithm_nodes.actor_warming_up(self, config if config is not None else self.config):
+            return NodeOutput(batch=batch, metrics={"actor/critic_warmup": 1.0})
         return self.engines.get("actor").update_policy(batch)
 
     def train_critic(self, batch, config=None, **kwargs) -> NodeOutput:
         return self.engines.get("critic").update_critic(batch)
 
     def compute_advantage(self, batch, config=None, **kwargs) -> NodeOutput:
-        """Advantages and returns by ``algorithm.adv_estimator`` (see core_algos)."""
-        config = config if config is not None else self.config
-        name = select(config, "algorithm.adv_estimator", "grpo")
-        estimator = core_algos.get_adv_estimator_fn(name)
-        sources = {key: batch.get(key, None) for key in
-                   ("token_level_rewards", "response_mask", "values")}
-        if "uid" in batch.keys():
-            from siirl.data_coordinator.protocol import get_non_tensor
-            sources["index"] = get_non_tensor(batch, "uid")
-        for key in ("gamma", "lam", "norm_adv_by_std_in_grpo"):
-            sources[key] = select(config, f"algorithm.{key}")
-        advantages, returns = call_with_available(estimator, sources,
-                                                  f"advantage estimator '{name}'")
-        batch["advantages"], batch["returns"] = advantages, returns
-        mask = batch["response_mask"].bool()
-        metrics = {"critic/advantages/mean": advantages[mask].mean(),
-                   "critic/returns/mean": returns[mask].mean()}
-        return NodeOutput(batch=batch, metrics=metrics)
+        """Advantages and returns by ``algorithm.adv_estimator`` (see algorithm_nodes)."""
+        return algorithm_nodes.compute_advantage(self, batch,
+                                                 config if config is not None else self.config)
 
     def __repr__(self) -> str:
         return f"DAGWorker(rank={self.rank}/{self.world_size}, graph={self.taskgraph.graph_id})"

@@ -156,7 +156,8 @@ class Trainer:
                 self.worker.global_step += 1
                 step = self.worker.global_step
                 start = time.perf_counter()
-                result = self.worker.execute_task_graph(next(batches))
+                result = self.worker.execute_task_graph(next(batches),
+                                                        next_batch=lambda: next(batches))
                 metrics = dict(result.metrics)
                 last_batch = next(iter(result.outputs.values())).batch if result.outputs \
                     else None

@@ -24,6 +24,11 @@ class FilterGroupsArguments:
     enable: bool = False
     metric: str | None = None  # e.g. acc, score, seq_reward, seq_final_reward
     max_num_gen_batches: int = 0  # <=0 means no limit
+    on_exhausted: str = field(
+        default="error",
+        metadata={"help": "siiRL: when max_num_gen_batches runs out without enough groups: "
+                          "error (verl) or warn (train on the groups collected)."},
+    )
 
 
 @dataclass
@@ -61,6 +66,11 @@ class AlgorithmArguments:
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
+    weight_factor_in_cpgd: str = field(
+        default="STD_weight",
+        metadata={"help": "siiRL CPGD advantage weighting: STD_weight, clip_filter_like_weight "
+                          "or naive."},
+    )
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # kl | abs | mse | low_var_kl | full
     kl_ctrl: KLCtrlArguments = field(default_factory=KLCtrlArguments)

@@ -155,6 +155,28 @@ def concat(batches: Sequence[TensorDict]) -> TensorDict:
     return torch.cat(list(batches), dim=0)
 
 
+def concat_left_padded(batches: Sequence[TensorDict], pad_values: dict[str, int]
+                       ) -> TensorDict:
+    """``concat`` for batches padded to different widths (prompts are left-padded to the
+    longest prompt of their own batch): each 2-D tensor field named in ``pad_values`` is
+    left-padded with its value to the widest batch first; ``position_ids``-style fields pad
+    with 0, like the loader. Other fields must already agree."""
+    batches = list(batches)
+    for key, value in pad_values.items():
+        present = [b for b in batches if key in b.keys()]
+        if len(present) < 2:
+            continue
+        width = max(b.get(key).shape[-1] for b in present)
+        for i, b in enumerate(batches):
+            if key not in b.keys() or b.get(key).shape[-1] == width:
+                continue
+            tensor = b.get(key)
+            pad = tensor.new_full((*tensor.shape[:-1], width - tensor.shape[-1]), value)
+            batches[i] = b.copy()
+            batches[i].set(key, torch.cat([pad, tensor], dim=-1))
+    return concat(batches)
+
+
 def split(batch: TensorDict, split_size: int) -> list[TensorDict]:
     """Split into chunks of ``split_size`` rows; the last one may be smaller."""
     if split_size < 1:

@@ -1,4 +1,4 @@
-"""The ``fsdp`` engine plugin (entry point ``siirl.engines: fsdp``): actor and reference.
+"""The ``fsdp`` engine plugin (entry point ``siirl.engines: fsdp``): actor, reference, critic.
 
 ``fsdp_engine(role, config, worker)`` builds the engine of a role. With
 ``torch.distributed`` initialised and more than one rank, modules are sharded with FSDP2
@@ -304,9 +304,18 @@ class ReferenceEngine:
         return NodeOutput(batch=batch, metrics={})
 
 
+def critic_engine(config: Any, worker: Any = None) -> Any:
+    """Role ``critic``: ``siirl.engine.critic.engine.CriticEngine``, imported on first use
+    because it builds on this module's helpers (a top-level import would be circular)."""
+    from siirl.engine.critic.engine import CriticEngine
+
+    return CriticEngine(config, worker)
+
+
 _ROLES: Dict[str, Callable[[Any, Any], Any]] = {
     "actor": ActorEngine,
     "reference": ReferenceEngine,
+    "critic": critic_engine,
 }
 
 

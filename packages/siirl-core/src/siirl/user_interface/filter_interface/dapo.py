@@ -1,16 +1,36 @@
-"""DAPO dynamic sampling: drop prompt groups whose metric has zero variance.
+"""DAPO dynamic sampling: drop prompt groups whose metric has zero variance, and generate
+again until the step has a full batch of informative groups.
 
 Such a group (all samples right, or all wrong) has zero GRPO advantage and only dilutes
-the batch. ``algorithm.filter_groups.metric`` picks the value (default ``seq_final_reward``,
-see ``group_filter.row_values``). With ``algorithm.filter_groups.enable=false`` the batch
-passes through unchanged, metrics still reported.
+the batch. ``algorithm.filter_groups.metric`` picks the value (``acc``, ``score``, ...; see
+``group_filter.row_values``; default ``seq_final_reward``). With ``filter_groups.enable``:
+
+* kept groups are pooled for the step (``worker.step_state``);
+* while the pool holds fewer than this worker's share of ``data.train_batch_size`` prompt
+  groups, the node asks the worker to regenerate: the graph restarts on the next batch of
+  the dataloader (``info={"regenerate": True}``). All workers decide together (the
+  smallest pool counts), so they regenerate in step;
+* once enough, the pool is cut to exactly that many groups (in generation order);
+* after ``filter_groups.max_num_gen_batches`` generations (<= 0: no limit) without enough
+  groups, ``filter_groups.on_exhausted=error`` (default, as verl) stops with an error,
+  ``warn`` trains on the groups collected (the same count on every worker).
+
+With ``enable=false`` the batch passes through unchanged, metrics still reported.
 """
 
 from __future__ import annotations
 
+import logging
+
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.protocol import concat_left_padded, group_indices, select_rows
+from siirl.errors import ConfigError, DataError
 from siirl.execution.config_select import select
 from siirl.user_interface.filter_interface.group_filter import filter_groups, row_values
+
+logger = logging.getLogger(__name__)
+_CFG = "algorithm.filter_groups"
+_POOL, _GENS = "dapo/pool", "dapo/num_gen_batches"
 
 
 def _has_variance(group_values) -> bool:
@@ -18,10 +38,60 @@ def _has_variance(group_values) -> bool:
     return group_values.numel() == 1 or bool(group_values.std() > 0)
 
 
+def _first_groups(batch, count: int):
+    groups = list(group_indices(batch).values())[:count]
+    return select_rows(batch, [row for rows in groups for row in rows])
+
+
+def _merge(parts, worker):
+    """One batch of the pooled parts; prompts of different batches have different padded
+    widths, so prompt-side fields are left-padded to a common width first."""
+    if len(parts) == 1:
+        return parts[0]
+    pad_id = getattr(getattr(worker, "tokenizer", None), "pad_token_id", None) or 0
+    return concat_left_padded(parts, {"input_ids": pad_id, "prompts": pad_id,
+                                      "attention_mask": 0, "position_ids": 0})
+
+
+def _target_groups(worker, config) -> int:
+    loader = getattr(worker, "train_loader", None)
+    if loader is not None:
+        return int(loader.batch_size)  # this worker's share of data.train_batch_size
+    return int(select(config, "data.train_batch_size", 1))
+
+
 def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:
-    metric = select(config, "algorithm.filter_groups.metric", "seq_final_reward")
+    metric = select(config, f"{_CFG}.metric", None) or "seq_final_reward"
     filtered, stats = filter_groups(batch, row_values(batch, metric), _has_variance)
     metrics = {f"dynamic_sampling/{k.split('/')[-1]}": v for k, v in stats.items()}
-    if not select(config, "algorithm.filter_groups.enable", False):
+    worker = kwargs.get("worker")
+    if not select(config, f"{_CFG}.enable", False):
         return NodeOutput(batch=batch, metrics=metrics)
-    return NodeOutput(batch=filtered, metrics=metrics)
+    if worker is None:  # called outside a worker: a plain filter
+        return NodeOutput(batch=filtered, metrics=metrics)
+    state = worker.step_state
+    state.setdefault(_POOL, []).append(filtered)
+    state[_GENS] = state.get(_GENS, 0) + 1
+    pool = _merge(state[_POOL], worker)
+    state[_POOL] = [pool]
+    have = len(group_indices(pool))
+    target = _target_groups(worker, config)
+    fewest = min(worker.comm.all_gather(have))  # every worker takes the same decision
+    metrics["dynamic_sampling/num_gen_batches"] = float(state[_GENS])
+    if fewest >= target:
+        return NodeOutput(batch=_first_groups(pool, target), metrics=metrics)
+    limit = int(select(config, f"{_CFG}.max_num_gen_batches", 0) or 0)
+    if limit <= 0 or state[_GENS] < limit:
+        return NodeOutput(batch=None, metrics=metrics, info={"regenerate": True})
+    action = str(select(config, f"{_CFG}.on_exhausted", "error"))
+    message = (f"DAPO dynamic sampling: {state[_GENS]} generation batches "
+               f"({_CFG}.max_num_gen_batches={limit}) gave {fewest} prompt groups with "
+               f"non-zero '{metric}' variance on the poorest worker, fewer than the {target} "
+               "needed; the data may be too easy or too hard for the model, raise "
+               f"{_CFG}.max_num_gen_batches, or set {_CFG}.on_exhausted=warn")
+    if action == "warn" and fewest > 0:
+        logger.warning("%s; training on %d groups", message, fewest)
+        return NodeOutput(batch=_first_groups(pool, fewest), metrics=metrics)
+    if action not in ("error", "warn"):
+        raise ConfigError(f"{_CFG}.on_exhausted={action!r}: choose error or warn")
+    raise DataError(message)

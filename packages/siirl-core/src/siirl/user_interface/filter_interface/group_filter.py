@@ -13,12 +13,15 @@ from siirl.errors import DataError
 def row_values(batch: Any, metric: str) -> torch.Tensor:
     """Per-row float values of ``metric``.
 
-    ``score``/``seq_reward`` sum ``token_level_scores``, ``seq_final_reward`` sums
-    ``token_level_rewards``; any other name is read from the batch field of that name
-    (a tensor, summed over its trailing dims, or a non-tensor list of numbers).
+    ``seq_reward`` sums ``token_level_scores``, ``seq_final_reward`` sums
+    ``token_level_rewards``; ``score`` is the scorer's own score column (before reward
+    shaping such as the overlong buffer; ``token_level_scores`` when there is none); any
+    other name (e.g. ``acc``) is read from the batch field of that name (a tensor, summed
+    over its trailing dims, or a non-tensor list of numbers).
     """
-    aliases = {"score": "token_level_scores", "seq_reward": "token_level_scores",
-               "seq_final_reward": "token_level_rewards"}
+    aliases = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}
+    if metric == "score" and "score" not in batch.keys():
+        aliases["score"] = "token_level_scores"
     key = aliases.get(metric, metric)
     if key not in batch.keys():
         raise DataError(f"group filter metric '{metric}' needs batch field '{key}', which is "

@@ -20,6 +20,7 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
 from siirl.engine.reward_manager.loader import custom_function_settings, load_custom_function
+from siirl.engine.reward_manager.overlong import overlong_penalty
 from siirl.engine.reward_score import default_compute_score
 from siirl.errors import ConfigError, DataError
 from siirl.execution.config_select import select
@@ -185,13 +186,16 @@ class RewardManagerBase(abc.ABC):
         solutions = self.decode(responses, mask)
         rows = self._score_rows(data_sources, solutions, ground_truths, extra_infos)
         scores, extras, counts = self._normalise(rows, data_sources)
+        penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.config)
+        rewards = scores if penalty is None else \
+            [s + p for s, p in zip(scores, penalty.tolist(), strict=True)]
 
         token_scores = torch.zeros(responses.shape, dtype=torch.float32)
         if responses.shape[0] and responses.shape[1]:
             # Last position whose mask is 1 (flip + argmax); an all-zero row gets the last
             # position, as in verl, so its score still counts in sequence sums.
             last = mask.shape[1] - 1 - (mask.flip(1) > 0).to(torch.int8).argmax(dim=1)
-            token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(scores)
+            token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(rewards)
         token_scores = token_scores.to(responses.device)
         out = batch.copy()  # shallow: the caller's batch keeps its fields
         out.set("token_level_scores", token_scores)
@@ -203,8 +207,14 @@ class RewardManagerBase(abc.ABC):
                      "reward_model"}
         for key, values in _extra_columns(extras, reserved).items():
             set_non_tensor(out, key, values)
-        return NodeOutput(batch=out, metrics=self._metrics(scores, token_scores, data_sources,
-                                                           counts))
+        metrics = self._metrics(scores, token_scores, data_sources, counts)
+        if penalty is not None:
+            set_non_tensor(out, "overlong_reward", penalty.tolist())
+            metrics["reward/overlong_penalty/mean"] = penalty.mean().item() if \
+                penalty.numel() else 0.0
+            metrics["reward/overlong/ratio"] = (penalty < 0).float().mean().item() if \
+                penalty.numel() else 0.0
+        return NodeOutput(batch=out, metrics=metrics)
 
     def _metrics(self, scores: List[float], token_scores: torch.Tensor, data_sources: list,
                  counts: Dict[str, int]) -> Dict[str, float]:

@@ -18,3 +18,12 @@ class NaiveRewardManager(RewardManagerBase):
     def _score_rows(self, data_sources: list, solutions: List[str], ground_truths: list,
                     extra_infos: list) -> List[Any]:
         return self.score_in_process(data_sources, solutions, ground_truths, extra_infos)
+
+
+@register("dapo")
+class DAPORewardManager(NaiveRewardManager):
+    """verl's ``dapo`` manager: rows scored one by one, with the overlong buffer
+    (``reward_model.overlong_buffer``, applied by every manager when enabled) and the
+    scorer's ``acc`` column for ``algorithm.filter_groups.metric=acc``."""
+
+    name = "dapo"

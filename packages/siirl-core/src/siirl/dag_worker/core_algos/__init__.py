@@ -1,0 +1,115 @@
+"""RL algorithm math: advantage estimators, loss aggregation, policy losses, value loss,
+KL estimators and controllers, entropy; each choosable piece registered by name.
+
+Modules:
+
+- ``advantages``: ``register_adv_est`` / ``get_adv_estimator_fn`` and the estimators
+  (grpo, gspo, drgrpo, cpgd, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline,
+  opo, grpo_passk, gpg, gae).
+- ``policy_losses``: ``agg_loss`` / ``agg_loss_units`` (loss_agg_mode),
+  ``register_policy_loss`` / ``get_policy_loss_fn`` and the policy losses (vanilla,
+  gspo, cpgd, gpg, clip_cov, kl_cov, geo_mean), entropy.
+- ``value``: ``compute_value_loss`` (clipped critic loss).
+- ``kl``: ``kl_penalty`` estimators, ``FixedKLController`` / ``AdaptiveKLController`` /
+  ``get_kl_controller``, ``apply_kl_penalty``.
+- ``common``: masked statistics and prompt grouping.
+
+Unknown names raise ConfigError listing the registered ones. Each module's docstring
+gives its formulas.
+"""
+
+from siirl.dag_worker.core_algos.advantages import (
+    compute_cpgd_outcome_advantage,
+    compute_drgrpo_outcome_advantage,
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    get_adv_estimator_fn,
+    register_adv_est,
+    registered_adv_estimators,
+)
+from siirl.dag_worker.core_algos.common import (
+    group_rows,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+)
+from siirl.dag_worker.core_algos.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+    kl_penalty,
+    register_kl_estimator,
+    registered_kl_controllers,
+    registered_kl_estimators,
+)
+from siirl.dag_worker.core_algos.policy_losses import (
+    agg_loss,
+    agg_loss_units,
+    compute_entropy_loss,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_cpgd,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_vanilla,
+    entropy_from_logits,
+    get_policy_loss_fn,
+    register_agg_mode,
+    register_policy_loss,
+    registered_agg_modes,
+    registered_policy_losses,
+)
+from siirl.dag_worker.core_algos.value import compute_value_loss
+
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "agg_loss",
+    "agg_loss_units",
+    "apply_kl_penalty",
+    "compute_cpgd_outcome_advantage",
+    "compute_drgrpo_outcome_advantage",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_cpgd",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "get_adv_estimator_fn",
+    "get_kl_controller",
+    "get_policy_loss_fn",
+    "group_rows",
+    "kl_penalty",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "register_adv_est",
+    "register_agg_mode",
+    "register_kl_estimator",
+    "register_policy_loss",
+    "registered_adv_estimators",
+    "registered_agg_modes",
+    "registered_kl_controllers",
+    "registered_kl_estimators",
+    "registered_policy_losses",
+]

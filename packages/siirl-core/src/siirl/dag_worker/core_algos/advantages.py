@@ -1,0 +1,293 @@
+"""Advantage estimators, chosen by ``algorithm.adv_estimator``.
+
+``register_adv_est(name)`` adds an estimator; ``get_adv_estimator_fn(name)`` returns it,
+or raises ConfigError listing the registered names. An estimator takes tensors shaped
+``[B, R]`` (and, for the group estimators, ``index``: the prompt ``uid`` of each row)
+and returns ``(advantages, returns)``, both ``[B, R]``. The DAG worker calls it with the
+arguments its signature names (see ``dag_utils.call_with_available``).
+
+Outcome estimators score each response once, s_i = sum_t r_{i,t}, and broadcast the
+advantage over its response tokens. With g the group (same uid) of row i, n = |g|:
+
+- ``grpo`` / ``gspo``: (s_i - mean_g) / (std_g + eps), std unbiased; without the
+  division when ``norm_adv_by_std_in_grpo`` is False. GSPO only changes the policy loss.
+- ``drgrpo``: s_i - mean_g (Dr. GRPO, arXiv 2503.20783); its matching loss aggregation
+  is ``actor.loss_agg_mode=seq-mean-token-sum-norm``.
+- ``cpgd`` (siiRL): s_i - mean_g, weighted by ``weight_factor_in_cpgd``:
+  ``STD_weight`` 1 / (std_g + eps); ``clip_filter_like_weight`` min(B / m, 3) with m the
+  number of groups whose std is not 0; ``naive`` 1.
+- ``rloo``: s_i * n/(n-1) - mean_g * n/(n-1) = s_i - (mean of the other n-1 scores).
+- ``reinforce_plus_plus_baseline``: s_i - mean_g on every response token, then whitened
+  over all response tokens of the batch.
+- ``opo``: s_i - sum_g(len_j s_j) / sum_g(len_j) (length-weighted baseline).
+- ``grpo_passk``: only the best response of a group gets r_max - r_second (divided by
+  std_g + eps when normalising); groups need at least 2 responses.
+- ``gpg``: (B / #(s != 0)) * (s_i - mean_g) / f_norm.
+
+Groups of one (as in verl): mean 0 and std 1, so GRPO gives s/(1 + eps), Dr. GRPO, RLOO,
+REINFORCE++-baseline, CPGD-naive give s itself, CPGD-STD s/(1 + eps).
+
+Token-level estimators:
+
+- ``gae``: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1},
+  computed right to left; returns = A + V; A is then whitened over the response mask.
+- ``reinforce_plus_plus``: G_t = r_t + gamma G_{t+1}, whitened over the response mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from siirl.dag_worker.core_algos.common import (
+    group_mean_std,
+    group_rows,
+    masked_whiten,
+)
+from siirl.dag_worker.name_registry import NameRegistry
+from siirl.errors import ConfigError
+
+_ADV_ESTIMATORS = NameRegistry("algorithm.adv_estimator", "advantage estimator")
+
+
+def register_adv_est(*names: Any) -> Callable[[Callable], Callable]:
+    """Register an estimator under one or more names (strings or enum members)."""
+    return _ADV_ESTIMATORS.register(*(getattr(name, "value", name) for name in names))
+
+
+def get_adv_estimator_fn(name: Any) -> Callable:
+    return _ADV_ESTIMATORS.get(name)
+
+
+def registered_adv_estimators() -> list:
+    return _ADV_ESTIMATORS.names()
+
+
+def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor):
+    advantages = per_row.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+# ---- group-relative outcome estimators -------------------------------------------------
+
+@register_adv_est("grpo", "gspo")
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor,
+                                   response_mask: torch.Tensor, index: Any,
+                                   epsilon: float = 1e-6,
+                                   norm_adv_by_std_in_grpo: bool = True):
+    """Outcome score minus its group mean, divided by the group std (unbiased) + epsilon
+    when ``norm_adv_by_std_in_grpo``. A group of one has mean 0 and std 1."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        advantages = torch.empty_like(scores)
+        for rows in group_rows(index, scores.shape[0]).values():
+            mean, std = group_mean_std(scores, rows)
+            centred = scores[rows] - mean
+            advantages[rows] = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
+        return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("drgrpo")
+def compute_drgrpo_outcome_advantage(token_level_rewards: torch.Tensor,
+                                     response_mask: torch.Tensor, index: Any,
+                                     epsilon: float = 1e-6):
+    """Dr. GRPO: GRPO without the std division (pair with loss_agg_mode
+    ``seq-mean-token-sum-norm``, which removes GRPO's length normalisation)."""
+    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index,
+                                          epsilon=epsilon, norm_adv_by_std_in_grpo=False)
+
+
+# CPGD's weight factors: fn(centred, std, epsilon, batch_size, spread_groups) -> advantage
+_CPGD_WEIGHTS = NameRegistry("algorithm.weight_factor_in_cpgd", "CPGD weight factor")
+
+
+@_CPGD_WEIGHTS.register("STD_weight")
+def _cpgd_std_weight(centred, std, epsilon, batch_size, spread_groups):
+    return centred / (std + epsilon)
+
+
+@_CPGD_WEIGHTS.register("clip_filter_like_weight")
+def _cpgd_clip_filter_like_weight(centred, std, epsilon, batch_size, spread_groups):
+    # siiRL: (B / #groups with non-zero std) clamped at 3; with no such group B/0 = inf
+    # clamps to 3 (the centred scores are all 0 then anyway).
+    weight = 3.0 if spread_groups == 0 else min(batch_size / spread_groups, 3.0)
+    return centred * weight
+
+
+@_CPGD_WEIGHTS.register("naive")
+def _cpgd_naive(centred, std, epsilon, batch_size, spread_groups):
+    return centred
+
+
+@register_adv_est("cpgd")
+def compute_cpgd_outcome_advantage(token_level_rewards: torch.Tensor,
+                                   response_mask: torch.Tensor, index: Any,
+                                   epsilon: float = 1e-6,
+                                   weight_factor_in_cpgd: str = "STD_weight"):
+    """siiRL's CPGD advantage: group-centred outcome score times a weight factor
+    (``STD_weight``, ``clip_filter_like_weight`` or ``naive``; see the module doc)."""
+    weigh = _CPGD_WEIGHTS.get(weight_factor_in_cpgd)
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        groups = group_rows(index, scores.shape[0])
+        stats = {key: group_mean_std(scores, rows) for key, rows in groups.items()}
+        # singletons have std 1, so they count as spread groups (as in siiRL)
+        spread_groups = sum(1 for _, std in stats.values() if std.item() != 0)
+        advantages = torch.empty_like(scores)
+        for key, rows in groups.items():
+            mean, std = stats[key]
+            advantages[rows] = weigh(scores[rows] - mean, std, epsilon, scores.shape[0],
+                                     spread_groups)
+        return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("rloo")
+def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor,
+                                   response_mask: torch.Tensor, index: Any,
+                                   epsilon: float = 1e-6):
+    """REINFORCE leave-one-out (arXiv 2402.14740): score minus the mean of the other
+    responses of its group, computed as s * n/(n-1) - mean * n/(n-1) like verl. A group
+    of one keeps its raw score."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        advantages = scores.clone()
+        for rows in group_rows(index, scores.shape[0]).values():
+            n = len(rows)
+            if n > 1:
+                factor = n / (n - 1)
+                advantages[rows] = scores[rows] * factor - scores[rows].mean() * factor
+        return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
+                                                           response_mask: torch.Tensor,
+                                                           index: Any,
+                                                           epsilon: float = 1e-6):
+    """REINFORCE++ with baseline (arXiv 2501.03262): group-centred score on every response
+    token, whitened over all response tokens of the batch (so longer responses weigh more
+    in the batch statistics, as in verl)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        centred = torch.empty_like(scores)
+        for rows in group_rows(index, scores.shape[0]).values():
+            mean, _ = group_mean_std(scores, rows)
+            centred[rows] = scores[rows] - mean
+        tiled = centred.unsqueeze(-1) * response_mask
+        advantages = masked_whiten(tiled, response_mask) * response_mask
+        return advantages, advantages
+
+
+@register_adv_est("opo")
+def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor,
+                                  response_mask: torch.Tensor, index: Any,
+                                  epsilon: float = 1e-6):
+    """OPO (arXiv 2505.23585): score minus the length-weighted group mean score; a group
+    of one has baseline 0."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        lengths = response_mask.sum(dim=-1).to(scores.dtype)
+        advantages = scores.clone()
+        for rows in group_rows(index, scores.shape[0]).values():
+            if len(rows) > 1:
+                weights = lengths[rows]
+                # clamp: a group of empty responses has baseline 0, not nan
+                baseline = (weights * scores[rows]).sum() / weights.sum().clamp_min(1)
+                advantages[rows] = scores[rows] - baseline
+        return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("grpo_passk")
+def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor,
+                                         response_mask: torch.Tensor, index: Any,
+                                         epsilon: float = 1e-6,
+                                         norm_adv_by_std_in_grpo: bool = True):
+    """Pass@k GRPO (arXiv 2503.19595): in each group only the best response gets an
+    advantage, r_max - r_second_max (divided by std_g + eps when normalising)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        advantages = torch.zeros_like(scores)
+        for key, rows in group_rows(index, scores.shape[0]).items():
+            if len(rows) < 2:
+                raise ConfigError(f"adv_estimator=grpo_passk needs at least 2 responses per "
+                                  f"prompt (rollout.n >= 2); group {key!r} has {len(rows)}")
+            group = scores[rows]
+            top, top_idx = torch.topk(group, 2)
+            advantage = top[0] - top[1]
+            if norm_adv_by_std_in_grpo:
+                advantage = advantage / (group.std() + epsilon)
+            advantages[rows[int(top_idx[0])]] = advantage
+        return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("gpg")
+def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor,
+                                  response_mask: torch.Tensor, index: Any,
+                                  epsilon: float = 1e-6, f_norm: float = 1.0):
+    """GPG (arXiv 2504.02546): alpha * (s - mean_g) / f_norm with alpha = B / #(s != 0),
+    the share of responses with a non-zero score (at least 1)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+        advantages = torch.empty_like(scores)
+        for rows in group_rows(index, scores.shape[0]).values():
+            mean, _ = group_mean_std(scores, rows)
+            advantages[rows] = alpha * (scores[rows] - mean) / f_norm
+        return _broadcast(advantages, response_mask)
+
+
+# ---- token-level estimators ------------------------------------------------------------
+
+@register_adv_est("gae")
+def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
+                                 response_mask: torch.Tensor, gamma: float, lam: float):
+    """Generalised advantage estimation (verl's semantics), right to left over tokens.
+
+    A masked position (padding, or an observation/tool token in the middle of a
+    response) neither adds a TD error nor breaks the recursion: both the running
+    advantage and the next value carry across it unchanged, so the last response token
+    before a hole bootstraps from the first response token after it. Rows are
+    independent, so shorter rows in a batch are unaffected by longer ones.
+    ``returns = advantages + values`` (before whitening); the advantages are then
+    whitened over the response mask and zeroed at masked positions (verl leaves the
+    whitened carried value there; no loss reads it).
+    """
+    with torch.no_grad():
+        next_value = torch.zeros_like(values[:, 0])
+        running = torch.zeros_like(values[:, 0])
+        reversed_adv = []
+        for t in reversed(range(token_level_rewards.shape[1])):
+            mask_t = response_mask[:, t].to(values.dtype)
+            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+            candidate = delta + gamma * lam * running
+            running = candidate * mask_t + (1 - mask_t) * running
+            next_value = values[:, t] * mask_t + (1 - mask_t) * next_value
+            reversed_adv.append(running)
+        advantages = torch.stack(reversed_adv[::-1], dim=1)
+        returns = advantages + values
+        advantages = masked_whiten(advantages, response_mask) * response_mask
+    return advantages, returns
+
+
+@register_adv_est("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
+                                                  response_mask: torch.Tensor,
+                                                  gamma: Optional[float] = 1.0):
+    """REINFORCE++ (arXiv 2501.03262): discounted return G_t = r_t + gamma G_{t+1},
+    whitened over the response mask.
+
+    As in verl the running return is reset to 0 at every masked position, so a return
+    never sums rewards across padding (or across a hole in the middle of a response).
+    ``returns`` are the raw discounted returns.
+    """
+    gamma = 1.0 if gamma is None else gamma
+    with torch.no_grad():
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[1])):
+            running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = running
+            running = running * response_mask[:, t]
+        advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
