@@ -104,3 +104,55 @@ def test_embodied_custom_bounds_and_disable():
     off = {"algorithm": {"embodied_sampling": {"filter_accuracy": False}}}
     out = embodied_local_rank_sampling(batch, off)
     assert out.batch is batch and out.metrics["embodied_sampling/kept"] == 2.0
+
+
+class _Worker:
+    """What dynamic_sampling reads of a DAGWorker: its step scratch space, its share of
+    the batch, its tokenizer and the (single-worker) communicator."""
+
+    def __init__(self, share):
+        from types import SimpleNamespace
+
+        from siirl.dag_worker.collective import WorkerComm
+
+        self.step_state = {}
+        self.train_loader = SimpleNamespace(batch_size=share)
+        self.tokenizer = SimpleNamespace(pad_token_id=0)
+        self.comm = WorkerComm()
+
+
+def _config(**settings):
+    return {"algorithm": {"filter_groups": {"enable": True, "metric": "acc", **settings}}}
+
+
+def _prompt_batch(tag, width):
+    # two groups (one informative), prompt-side fields padded to ``width``
+    batch = _dapo_batch()
+    rows = batch.batch_size[0]
+    batch.set("input_ids", torch.ones(rows, width, dtype=torch.long))
+    batch.set("attention_mask", torch.ones(rows, width, dtype=torch.long))
+    from siirl.data_coordinator.protocol import set_non_tensor
+    set_non_tensor(batch, "uid", [f"{tag}{u}" for u in get_non_tensor(batch, "uid")])
+    return batch
+
+
+def test_dapo_regenerates_until_enough_groups_then_cuts_to_the_share():
+    worker, config = _Worker(share=3), _config()
+    first = dynamic_sampling(_prompt_batch("a", 4), config, worker=worker)
+    assert first.info == {"regenerate": True} and first.batch is None  # 2 of 3 groups
+    second = dynamic_sampling(_prompt_batch("b", 6), config, worker=worker)
+    assert not second.info.get("regenerate")
+    assert get_non_tensor(second.batch, "uid") == ["ag2", "ag2", "ag4", "bg2", "bg2"]
+    assert second.batch["input_ids"].shape == (5, 6)  # earlier prompts left-padded
+    assert second.batch["attention_mask"][:3, :2].sum() == 0
+    assert second.metrics["dynamic_sampling/num_gen_batches"] == 2.0
+
+
+def test_dapo_exhausted_generations_error_or_warn():
+    with pytest.raises(DataError, match="max_num_gen_batches=1"):
+        dynamic_sampling(_prompt_batch("a", 4), _config(max_num_gen_batches=1),
+                         worker=_Worker(share=3))
+    out = dynamic_sampling(_prompt_batch("a", 4),
+                           _config(max_num_gen_batches=1, on_exhausted="warn"),
+                           worker=_Worker(share=3))
+    assert get_non_tensor(out.batch, "uid") == ["ag2", "ag2", "ag4"]
