@@ -293,8 +293,10 @@ class CriticArguments:
     enable: bool | None = None  # None: decided by algorithm.adv_estimator
     rollout_n: int = "${actor_rollout_ref.rollout.n}"
     strategy: str = "fsdp"
+    # siiRL main-job default (verl: 1e-5): the built-in model's critic tracks returns from
+    # about step 10 at 1e-3 and barely moves at 1e-5
     optim: OptimArguments = field(
-        default_factory=lambda: OptimArguments(lr=1e-5, min_lr_ratio=None)
+        default_factory=lambda: OptimArguments(lr=1e-3, min_lr_ratio=None)
     )
     model: CriticModelArguments = field(default_factory=CriticModelArguments)
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"
