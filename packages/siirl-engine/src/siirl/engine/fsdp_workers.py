@@ -21,6 +21,7 @@ from siirl.dag_worker.core_algos import agg_loss
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.engine import checkpoint as ckpt
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, compute_dtype
+from siirl.engine.engine_state import CheckpointedEngine
 from siirl.engine.optim import build_lr_scheduler, build_optimizer
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -102,7 +103,7 @@ def _seed(config: Any) -> int:
     return int(select(config, "trainer.seed", None) or select(config, "data.seed", 0))
 
 
-class ActorEngine:
+class ActorEngine(CheckpointedEngine):
     """Policy training: ``compute_log_prob``, ``update_policy``, checkpoints, HF export.
 
     ``module``/``tokenizer``/``logprob_fn`` may be injected (tests, custom models); by
@@ -150,9 +151,15 @@ class ActorEngine:
             autocast_dtype=compute_dtype(select(config, f"{ACTOR}.fsdp_config")),
             group=self.group)
 
+    config_prefix = ACTOR
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.actor.optimizer
+
+    @property
+    def trainer(self) -> DataParallelPPOActor:
+        return self.actor
 
     def _scheduler(self) -> Any:
         """The lr schedule; building it here raises the clear error when it needs a run
@@ -196,27 +203,6 @@ class ActorEngine:
         return NodeOutput(batch=batch, metrics=metrics)
 
     # ---- persistence ---------------------------------------------------------------
-
-    def _contents(self, key: str) -> Tuple[str, ...]:
-        return tuple(select(self.config, f"{ACTOR}.checkpoint.{key}",
-                            ("model", "optimizer", "extra")))
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Weights, optimizer, lr scheduler and update count (``checkpoint.save_contents``)."""
-        extra = {"lr_scheduler": self._scheduler().state_dict(),
-                 "update_count": self.actor.update_count}
-        ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
-                             sharded=self.sharded, rank=self.rank, group=self.group,
-                             contents=self._contents("save_contents"))
-
-    def load_checkpoint(self, directory: str) -> None:
-        extra = ckpt.load_checkpoint(directory, self.module, self.optimizer,
-                                     sharded=self.sharded, group=self.group,
-                                     contents=self._contents("load_contents"))
-        if "lr_scheduler" in extra:
-            self._scheduler().load_state_dict(extra["lr_scheduler"])
-        self.actor.update_count = int(extra.get("update_count", self.actor.update_count))
-        self.pristine = False
 
     def export_hf(self, directory: str) -> None:
         """A plain transformers directory (config, safetensors weights, tokenizer)."""

@@ -34,7 +34,8 @@ from siirl.dag_worker.core_algos import (
     kl_penalty,
 )
 from siirl.data_coordinator.protocol import split
-from siirl.errors import ConfigError, DataError
+from siirl.engine.dp_utils import clip_grad_norm, dist_active, dp_sum, require
+from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -69,11 +70,6 @@ def _default_logprob_fn() -> Callable:
     from siirl.engine.models.logprob import response_logprobs
 
     return response_logprobs
-
-
-def _dist_active(world_size: int) -> bool:
-    return (world_size > 1 and torch.distributed.is_available()
-            and torch.distributed.is_initialized())
 
 
 class DataParallelPPOActor:
@@ -133,7 +129,7 @@ class DataParallelPPOActor:
     @torch.no_grad()
     def compute_log_prob(self, batch: Any, calculate_entropy: bool = False):
         """Log-probs ``[B, R]`` of the batch's responses (and their entropy, or None)."""
-        _require(batch, _FORWARD_KEYS, "compute_log_prob")
+        require(batch, _FORWARD_KEYS, "compute_log_prob")
         data = batch.select(*_FORWARD_KEYS)
         rows = data.batch_size[0]
         micro_rows = int(self.log_prob_micro_batch_size or rows or 1)
@@ -161,7 +157,7 @@ class DataParallelPPOActor:
         cfg = self.config
         use_kl = bool(select(cfg, "use_kl_loss", False))
         keys = _UPDATE_KEYS + (("ref_log_prob",) if use_kl else ())
-        _require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
+        require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
         data = batch.select(*keys)
         mini = self.mini_batch_rows()
         micro = int(select(cfg, "ppo_micro_batch_size_per_gpu", 0) or mini)
@@ -204,7 +200,7 @@ class DataParallelPPOActor:
         mode = select(cfg, "loss_agg_mode", "token-mean")
         policy_loss_fn = get_policy_loss_fn(select(cfg, "policy_loss.loss_mode", "vanilla"))
         entropy_coeff = float(select(cfg, "entropy_coeff", 0.0))
-        dp_active = _dist_active(self.world_size)
+        dp_active = dist_active(self.world_size)
         dp_scale = self.world_size if dp_active else 1  # FSDP averages grads over ranks
         mini_batch = mini_batch.to(self._device())
         total_units = agg_loss_units(mini_batch["response_mask"], mode)
@@ -259,32 +255,8 @@ class DataParallelPPOActor:
         return True
 
     def _clip_grad_norm(self) -> float:
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        clip = select(self.config, "grad_clip", 1.0)
-        max_norm = float(clip) if clip and clip > 0 else float("inf")  # inf: measure only
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
-            norm = norm.full_tensor()
-        return float(norm)
+        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0))
 
     def _dp_sum(self, metrics: Dict[str, float]) -> Dict[str, float]:
         """Sum per-rank shares over data-parallel ranks so every rank has the global value."""
-        if not _dist_active(self.world_size) or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        if _backend(self.group) == "nccl":
-            values = values.to(self._device())
-        torch.distributed.all_reduce(values, group=self.group)
-        return {k: float(v) for k, v in zip(keys, values.cpu(), strict=True)}
-
-
-def _backend(group: Any) -> str:
-    return str(torch.distributed.get_backend(group)).lower()
-
-
-def _require(batch: Any, keys: Tuple[str, ...], what: str) -> None:
-    missing = [key for key in keys if key not in batch.keys()]
-    if missing:
-        raise DataError(f"{what} needs batch fields {missing}; the batch has "
-                        f"{sorted(batch.keys())}")
+        return dp_sum(metrics, self.world_size, self.group, self._device())

@@ -27,8 +27,8 @@ import torch
 
 from siirl.dag_worker.core_algos import agg_loss_units, compute_value_loss
 from siirl.data_coordinator.protocol import split
-from siirl.engine.actor.dp_actor import _backend, _dist_active, _require
 from siirl.engine.critic.value_model import response_values
+from siirl.engine.dp_utils import clip_grad_norm, dist_active, dp_sum, require
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
@@ -86,7 +86,7 @@ class DataParallelPPOCritic:
     def compute_values(self, batch: Any) -> torch.Tensor:
         """Values ``[B, R]`` of the batch's response tokens, zero where ``response_mask``
         (when the batch has one) is 0, as verl leaves them."""
-        _require(batch, _FORWARD_KEYS, "compute_values")
+        require(batch, _FORWARD_KEYS, "compute_values")
         data = batch.select(*_FORWARD_KEYS)
         rows = data.batch_size[0]
         self.module.eval()
@@ -114,7 +114,7 @@ class DataParallelPPOCritic:
         if self.optimizer is None:
             raise RuntimeError("this critic has no optimizer; it can only compute values")
         cfg = self.config
-        _require(batch, _UPDATE_KEYS, "update_critic")
+        require(batch, _UPDATE_KEYS, "update_critic")
         data = batch.select(*_UPDATE_KEYS)
         mini = self.mini_batch_rows()
         micro = int(select(cfg, "ppo_micro_batch_size_per_gpu", 0) or mini)
@@ -154,7 +154,7 @@ class DataParallelPPOCritic:
         units = agg_loss_units(mask, mode)
         none = torch.zeros((), dtype=torch.float64, device=mask.device)
         counts = torch.stack([mask.sum().to(torch.float64), none if units is None else units])
-        if _dist_active(self.world_size):
+        if dist_active(self.world_size):
             torch.distributed.all_reduce(counts, group=self.group)
         return counts[0], (counts[1] if units is not None else None)
 
@@ -163,7 +163,7 @@ class DataParallelPPOCritic:
         cfg = self.config
         mode = select(cfg, "loss_agg_mode", "token-mean")
         cliprange = float(select(cfg, "cliprange_value", 0.5))
-        dp_scale = self.world_size if _dist_active(self.world_size) else 1  # FSDP averages
+        dp_scale = self.world_size if dist_active(self.world_size) else 1  # FSDP averages
         mini_batch = mini_batch.to(self._device())
         total_tokens, total_units = self._global_counts(mini_batch["response_mask"].float(),
                                                         mode)
@@ -195,21 +195,8 @@ class DataParallelPPOCritic:
         return True
 
     def _clip_grad_norm(self) -> float:
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        clip = select(self.config, "grad_clip", 1.0)
-        max_norm = float(clip) if clip and clip > 0 else float("inf")  # inf: measure only
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
-            norm = norm.full_tensor()
-        return float(norm)
+        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0))
 
     def _dp_sum(self, metrics: Dict[str, float]) -> Dict[str, float]:
         """Sum per-rank shares over data-parallel ranks so every rank has the global value."""
-        if not _dist_active(self.world_size) or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-        if _backend(self.group) == "nccl":
-            values = values.to(self._device())
-        torch.distributed.all_reduce(values, group=self.group)
-        return {k: float(v) for k, v in zip(keys, values.cpu(), strict=True)}
+        return dp_sum(metrics, self.world_size, self.group, self._device())

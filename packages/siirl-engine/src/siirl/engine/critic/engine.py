@@ -9,16 +9,16 @@ and lr schedule, and checkpoints through ``siirl.engine.checkpoint``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional
 
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.engine import checkpoint as ckpt
 from siirl.engine import fsdp_workers as fw
 from siirl.engine.actor.dp_actor import compute_dtype
 from siirl.engine.critic.dp_critic import DataParallelPPOCritic
 from siirl.engine.critic.value_model import build_value_model
+from siirl.engine.engine_state import CheckpointedEngine
 from siirl.engine.optim import build_lr_scheduler, build_optimizer
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -26,7 +26,7 @@ from siirl.execution.config_select import select
 CRITIC = "critic"
 
 
-class CriticEngine:
+class CriticEngine(CheckpointedEngine):
     """Values (``compute_values``), value updates (``update_critic``), checkpoints.
 
     ``module`` (anything ``value_fn`` can turn into ``[B, R]`` values; by default a
@@ -68,9 +68,15 @@ class CriticEngine:
             steps = select(self.config, "trainer.total_training_steps", -1)
         return int(steps or -1)
 
+    config_prefix = CRITIC
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.critic.optimizer
+
+    @property
+    def trainer(self) -> DataParallelPPOCritic:
+        return self.critic
 
     @property
     def lr_scheduler(self) -> Any:
@@ -109,26 +115,3 @@ class CriticEngine:
         self.pristine = False
         metrics["perf/critic_update_s"] = time.perf_counter() - start
         return NodeOutput(batch=batch, metrics=metrics)
-
-    # ---- persistence ---------------------------------------------------------------
-
-    def _contents(self, key: str) -> Tuple[str, ...]:
-        return tuple(select(self.config, f"{CRITIC}.checkpoint.{key}",
-                            ("model", "optimizer", "extra")))
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Weights, optimizer, lr scheduler and update count (``checkpoint.save_contents``)."""
-        extra = {"lr_scheduler": self._scheduler().state_dict(),
-                 "update_count": self.critic.update_count}
-        ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
-                             sharded=self.sharded, rank=self.rank, group=self.group,
-                             contents=self._contents("save_contents"))
-
-    def load_checkpoint(self, directory: str) -> None:
-        extra = ckpt.load_checkpoint(directory, self.module, self.optimizer,
-                                     sharded=self.sharded, group=self.group,
-                                     contents=self._contents("load_contents"))
-        if "lr_scheduler" in extra:
-            self._scheduler().load_state_dict(extra["lr_scheduler"])
-        self.critic.update_count = int(extra.get("update_count", self.critic.update_count))
-        self.pristine = False
