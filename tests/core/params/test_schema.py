@@ -86,7 +86,7 @@ VERL_DEFAULTS = {
     "actor_rollout_ref.rollout.temperature": 1.0,
     "actor_rollout_ref.rollout.top_k": -1,
     "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
-    "critic.optim.lr": 1e-5,
+    "critic.optim.lr": 1e-3,  # siiRL main-job default (verl: 1e-5)
     "critic.cliprange_value": 0.5,
     "reward_model.enable": False,
     "reward_model.reward_manager": "naive",
