@@ -27,7 +27,7 @@ ROOTS = {"siirl-data": "siirl.data_coordinator", "siirl-core": "siirl.execution"
 # so nothing is imported while searching), data and core first, then checks the one-way
 # rule: importing all of siirl-data and siirl-core loads no siirl.engine/siirl.environment.
 IMPORT_ALL = r"""
-import importlib, importlib.metadata as md, sys
+import importlib, importlib.metadata as md, importlib.util, sys
 def modules(dist):
     try:
         files = md.distribution(dist).files or []
@@ -46,9 +46,14 @@ for name in lower:
 leaked = [m for m in sys.modules if m.startswith(("siirl.engine", "siirl.environment"))]
 assert not leaked, f"siirl-core/siirl-data imported {leaked}"
 upper = modules("siirl-engine") + modules("siirl-envs")
+has_megatron = importlib.util.find_spec("megatron") is not None
+optional = ("siirl.engine.megatron", "siirl.engine.megatron_workers")
 for name in upper:
-    importlib.import_module(name)
-print(f"imported {len(lower) + len(upper)} modules")
+    if has_megatron or not name.startswith(optional):
+        importlib.import_module(name)
+if not has_megatron:  # siirl-engine without the [megatron] extra never imports it
+    assert not [m for m in sys.modules if m.startswith("megatron")], "megatron imported"
+print(f"imported {len(lower) + len(upper)} modules (megatron: {has_megatron})")
 """
 
 
@@ -82,6 +87,21 @@ def check_install(requested: list, expect_missing: list, then_all: bool = False)
         if then_all:
             run(py, "-m", "pip", "install", "-q", "--find-links", DIST, *PACKAGES)
             _probe(tmp, py, PACKAGES, [])
+            check_megatron_extra(py, tmp)
+
+
+def check_megatron_extra(py: Path, tmp: str) -> None:
+    """``siirl-engine[megatron]`` brings megatron-core and no CUDA packages (torch CPU is
+    already installed), and every megatron module of siirl-engine then imports."""
+    run(py, "-m", "pip", "install", "-q", "--find-links", DIST, "siirl-engine[megatron]")
+    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, check=True).stdout.lower()
+    assert "megatron-core==" in listed, "the [megatron] extra did not install megatron-core"
+    cuda = [line for line in listed.splitlines()
+            if line.startswith(("nvidia-", "cuda-", "transformer-engine", "triton"))]
+    assert not cuda, f"the [megatron] extra pulled CUDA packages: {cuda}"
+    run(py, "-c", IMPORT_ALL, cwd=tmp)
+    print("ok: siirl-engine[megatron]", flush=True)
 
 
 def _probe(tmp: str, py: Path, requested: list, expect_missing: list) -> None:

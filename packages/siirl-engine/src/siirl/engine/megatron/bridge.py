@@ -1,0 +1,250 @@
+"""Hugging Face <-> megatron-core weights for Llama / Qwen2, for any TP / PP layout.
+
+Every megatron parameter of a stage is one :class:`Entry`: its megatron key, the HF tensors
+it is built from, and how it is sharded over TP ranks. Conversions are pure slicing and
+concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16):
+
+* ``linear_qkv`` (column parallel): rows are grouped per query group ``g`` as
+  ``[q heads of g; k_g; v_g]``; TP ranks get whole groups (``num_query_groups % tp == 0``).
+* ``linear_fc1`` (column parallel, SwiGLU): rank r holds ``[gate_shard_r; up_shard_r]``.
+* ``linear_proj`` / ``linear_fc2`` (row parallel): split along the input dim (dim 1).
+* embedding / ``output_layer`` (vocab parallel): split along the vocabulary, after padding it
+  with zero rows to :func:`~siirl.engine.megatron.model.padded_vocab_size`.
+* RMSNorm weights are replicated. With the local spec they are ``input_layernorm`` /
+  ``pre_mlp_layernorm``; with the Transformer Engine spec they are fused into
+  ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``.
+* Layers are split evenly over PP stages (stage p holds global layers ``p*L/pp ...``); the
+  embedding lives on the first stage, ``final_layernorm`` / ``output_layer`` on the last.
+  With tied embeddings and PP > 1 the last stage holds a copy of the embedding as
+  ``output_layer.weight``; with PP = 1 there is no ``output_layer.weight``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .model import has_qkv_bias, head_dim, padded_vocab_size, unwrap_model
+
+__all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
+           "megatron_to_hf", "stage_entries"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    mcore: str              # megatron key, layer index local to the stage
+    hf: tuple[str, ...]     # HF tensors it is built from (several for fused ones)
+    kind: str               # replicated | column | row | vocab | qkv | fc1
+    export: bool = True     # False: a duplicate (tied output layer) not exported to HF
+
+
+def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
+    if num_layers % pp_size:
+        raise ValueError(f"{num_layers} layers do not split evenly over {pp_size} PP stages")
+    per_stage = num_layers // pp_size
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
+def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,
+                  te_layout: bool = False) -> list[Entry]:
+    """The parameters of PP stage ``pp_rank`` in state-dict order."""
+    first, last = pp_rank == 0, pp_rank == pp_size - 1
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    qkv_names = ("q_proj", "k_proj", "v_proj")
+    entries = []
+    if first:
+        entries.append(Entry("embedding.word_embeddings.weight",
+                             ("model.embed_tokens.weight",), "vocab"))
+    for local, layer in enumerate(layer_range(hf_config.num_hidden_layers, pp_rank, pp_size)):
+        m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
+        ln_in = "self_attention.linear_qkv.layer_norm_weight" if te_layout else \
+            "input_layernorm.weight"
+        ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te_layout else "pre_mlp_layernorm.weight"
+        entries += [
+            Entry(m + ln_in, (h + "input_layernorm.weight",), "replicated"),
+            Entry(m + "self_attention.linear_qkv.weight",
+                  tuple(f"{h}self_attn.{n}.weight" for n in qkv_names), "qkv"),
+        ]
+        if has_qkv_bias(hf_config):
+            entries.append(Entry(m + "self_attention.linear_qkv.bias",
+                                 tuple(f"{h}self_attn.{n}.bias" for n in qkv_names), "qkv"))
+        entries += [
+            Entry(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",),
+                  "row"),
+            Entry(m + ln_mlp, (h + "post_attention_layernorm.weight",), "replicated"),
+            Entry(m + "mlp.linear_fc1.weight",
+                  (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
+            Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row"),
+        ]
+    if last:
+        entries.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",),
+                             "replicated"))
+        if not tied:
+            entries.append(Entry("output_layer.weight", ("lm_head.weight",), "vocab"))
+        elif not first:
+            entries.append(Entry("output_layer.weight", ("model.embed_tokens.weight",), "vocab",
+                                 export=False))
+    return entries
+
+
+def _qkv_groups(hf_config) -> tuple[int, int, int]:
+    groups = hf_config.num_key_value_heads or hf_config.num_attention_heads
+    return groups, hf_config.num_attention_heads // groups, head_dim(hf_config)
+
+
+def _shard(entry: Entry, tensors: list[torch.Tensor], hf_config, tp_rank: int, tp_size: int,
+           vocab_divisible_by: int) -> torch.Tensor:
+    kind = entry.kind
+    if kind == "replicated":
+        return tensors[0].clone()
+    if kind == "column":
+        return tensors[0].chunk(tp_size, dim=0)[tp_rank].clone()
+    if kind == "row":
+        return tensors[0].chunk(tp_size, dim=1)[tp_rank].clone()
+    if kind == "vocab":
+        full = tensors[0]
+        padded = padded_vocab_size(full.shape[0], tp_size, vocab_divisible_by)
+        if padded != full.shape[0]:
+            full = torch.cat([full, full.new_zeros(padded - full.shape[0], *full.shape[1:])])
+        return full.chunk(tp_size, dim=0)[tp_rank].clone()
+    if kind == "fc1":
+        return torch.cat([t.chunk(tp_size, dim=0)[tp_rank] for t in tensors])
+    if kind == "qkv":
+        groups, per_group, dim = _qkv_groups(hf_config)
+        if groups % tp_size:
+            raise ValueError(f"{groups} query groups do not split over TP={tp_size}")
+        q, k, v = tensors
+        rest = q.shape[1:]  # (hidden,) for weights, () for biases
+        fused = torch.cat([q.reshape(groups, per_group * dim, *rest),
+                           k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest)], dim=1)
+        n = groups // tp_size
+        return fused[tp_rank * n:(tp_rank + 1) * n].reshape(-1, *rest).clone()
+    raise ValueError(f"unknown shard kind {kind!r}")
+
+
+def _merge(entry: Entry, shards: Sequence[torch.Tensor], hf_config) -> list[torch.Tensor]:
+    """Inverse of :func:`_shard`: the full HF tensors of ``entry`` from all TP ranks' shards."""
+    kind = entry.kind
+    if kind == "replicated":
+        return [shards[0]]
+    if kind == "column":
+        return [torch.cat(list(shards), dim=0)]
+    if kind == "row":
+        return [torch.cat(list(shards), dim=1)]
+    if kind == "vocab":
+        return [torch.cat(list(shards), dim=0)[:hf_config.vocab_size]]
+    if kind == "fc1":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    if kind == "qkv":
+        groups, per_group, dim = _qkv_groups(hf_config)
+        rest = shards[0].shape[1:]
+        fused = torch.cat(list(shards)).reshape(groups, (per_group + 2) * dim, *rest)
+        q, k, v = fused.split([per_group * dim, dim, dim], dim=1)
+        return [t.reshape(-1, *rest).contiguous() for t in (q, k, v)]
+    raise ValueError(f"unknown shard kind {kind!r}")
+
+
+def hf_to_megatron(hf_state_dict: dict[str, torch.Tensor], hf_config, tp_rank: int = 0,
+                   tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1,
+                   te_layout: bool = False, vocab_divisible_by: int = 1
+                   ) -> dict[str, torch.Tensor]:
+    """The megatron state dict of one (TP rank, PP stage) shard, built from full HF tensors."""
+    return {e.mcore: _shard(e, [hf_state_dict[n] for n in e.hf], hf_config, tp_rank, tp_size,
+                            vocab_divisible_by)
+            for e in stage_entries(hf_config, pp_rank, pp_size, te_layout)}
+
+
+def _is_te_layout(keys) -> bool:
+    return any(k.endswith("linear_qkv.layer_norm_weight") for k in keys)
+
+
+def megatron_to_hf(tp_shards: Sequence[dict[str, torch.Tensor]], hf_config, pp_rank: int = 0,
+                   pp_size: int = 1) -> dict[str, torch.Tensor]:
+    """Full HF tensors of PP stage ``pp_rank`` from its TP ranks' state dicts (in TP rank
+    order). Stages hold disjoint HF names: merge the dicts of all stages for the whole model.
+    With tied embeddings no ``lm_head.weight`` is produced (HF ties it to the embedding)."""
+    te_layout = _is_te_layout(tp_shards[0])
+    out = {}
+    for entry in stage_entries(hf_config, pp_rank, pp_size, te_layout):
+        if entry.export:
+            out.update(zip(entry.hf, _merge(entry, [s[entry.mcore] for s in tp_shards],
+                                             hf_config), strict=True))
+    return out
+
+
+def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tensor], hf_config,
+                    tp_rank: int | None = None, tp_size: int | None = None,
+                    pp_rank: int | None = None, pp_size: int | None = None,
+                    vocab_divisible_by: int | None = None) -> None:
+    """Copy HF weights into this rank's megatron stage, strictly (same keys and shapes).
+
+    Ranks default to parallel_state's; ``vocab_divisible_by`` to the value the model was
+    built with (:func:`~siirl.engine.megatron.model.build_gpt_model` records it)."""
+    from megatron.core import parallel_state as ps
+
+    model = unwrap_model(model)
+    if vocab_divisible_by is None:
+        vocab_divisible_by = getattr(model, "vocab_divisible_by", 1)
+    tp_rank = ps.get_tensor_model_parallel_rank() if tp_rank is None else tp_rank
+    tp_size = ps.get_tensor_model_parallel_world_size() if tp_size is None else tp_size
+    pp_rank = ps.get_pipeline_model_parallel_rank() if pp_rank is None else pp_rank
+    pp_size = ps.get_pipeline_model_parallel_world_size() if pp_size is None else pp_size
+    state = hf_to_megatron(hf_state_dict, hf_config, tp_rank, tp_size, pp_rank, pp_size,
+                           te_layout=_is_te_layout(model.state_dict()),
+                           vocab_divisible_by=vocab_divisible_by)
+    own = {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    wrong = {k: (tuple(own.get(k, ())), tuple(v.shape)) for k, v in state.items()
+             if own.get(k) != v.shape}
+    if wrong:
+        raise ValueError(f"megatron/HF shape mismatch (model, bridge): {wrong}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # megatron layers declare (empty) ``_extra_state`` entries; nothing else may be missing
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise KeyError(f"megatron/HF key mismatch: missing={missing} unexpected={unexpected}")
+    model.hf_vocab_size = hf_config.vocab_size
+
+
+def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 << 20,
+                    tp_group=None, pp_rank: int | None = None, pp_size: int | None = None
+                    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield this PP stage's full HF tensors as lists ``[(name, tensor), ...]`` of at most
+    ``bucket_bytes`` each (a single larger tensor gets a bucket of its own).
+
+    TP shards are all-gathered over ``tp_group`` (default: megatron's TP group) one megatron
+    parameter at a time, so at most one bucket of full tensors exists besides the sharded
+    model. Collective: every rank of the TP group must iterate in step. Tensors of the
+    current bucket are fresh copies; consume (or copy) them before asking for the next one.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if tp_group is None and dist.is_initialized() and ps.model_parallel_is_initialized():
+        tp_group = ps.get_tensor_model_parallel_group()
+    tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+    pp_rank = ps.get_pipeline_model_parallel_rank() if pp_rank is None else pp_rank
+    pp_size = ps.get_pipeline_model_parallel_world_size() if pp_size is None else pp_size
+    local = {k: v for k, v in unwrap_model(model).state_dict().items()
+             if isinstance(v, torch.Tensor)}
+    bucket, size = [], 0
+    for entry in stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local)):
+        if not entry.export:
+            continue
+        shard = local[entry.mcore].detach()
+        if tp_size > 1 and entry.kind != "replicated":
+            shards = [torch.empty_like(shard) for _ in range(tp_size)]
+            dist.all_gather(shards, shard.contiguous(), group=tp_group)
+        else:
+            shards = [shard.clone() if entry.kind == "replicated" else shard]
+        for name, tensor in zip(entry.hf, _merge(entry, shards, hf_config), strict=True):
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+    if bucket:
+        yield bucket

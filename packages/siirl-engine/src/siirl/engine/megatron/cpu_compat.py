@@ -1,0 +1,225 @@
+"""Runtime adapters that let megatron-core 0.16 run its GPT forward/backward on CPU.
+
+megatron-core imports and builds models without CUDA (``use_cpu_initialization=True``), and
+``parallel_state.initialize_model_parallel`` runs on gloo, but a few functions on the
+forward/backward path hard-code the GPU. Tests (and CPU-only development) need that path,
+so :func:`enable_cpu_mode` patches exactly those spots at runtime; nothing under
+site-packages is edited and nothing outside megatron-core is touched (``torch`` itself is
+never monkey-patched, so other code in the same process sees the real ``torch.cuda``).
+Call it before building models; then seed with megatron's own
+``tensor_parallel.model_parallel_cuda_manual_seed`` (it works on the CPU tracker below).
+
+Each adapter below says which megatron function reaches CUDA and why the replacement
+computes the same thing on CPU. The patches are idempotent and are skipped entirely when
+CUDA is available (the GPU path must stay megatron's own).
+
+Not covered (they stay GPU-only): activation recomputation (``tensor_parallel.checkpoint``
+saves/restores CUDA RNG states), Transformer Engine, fused kernels, CUDA graphs, the
+inference KV cache, and megatron's DDP / optimizer wrappers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import torch
+from megatron.core.tensor_parallel.random import (
+    _MODEL_PARALLEL_RNG_TRACKER_NAME,
+    CudaRNGStatesTracker,
+)
+
+__all__ = ["CpuRNGStatesTracker", "enable_cpu_mode", "cpu_mode_enabled"]
+
+_ENABLED = False
+
+
+class _CpuCuda:
+    """Stands in for ``torch.cuda`` inside one megatron module: every attribute is the real
+    one except ``current_device()``, which names the CPU, and ``synchronize()``, a no-op
+    (CPU copies are synchronous: there is no stream to wait for)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_device() -> torch.device:
+        return torch.device("cpu")
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        return None
+
+
+class _CpuTorch:
+    """Stands in for the ``torch`` module inside one megatron module (see _CURRENT_DEVICE_USERS):
+    everything is the real torch (``torch.Tensor`` is the same class, so ``isinstance`` checks
+    hold) except ``torch.cuda.current_device()``."""
+
+    cuda = _CpuCuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+_CPU_TORCH = _CpuTorch()
+
+# Modules whose functions on the CPU path allocate with ``device=torch.cuda.current_device()``
+# (which raises "Torch not compiled with CUDA enabled"). Inside them ``torch`` is rebound to
+# _CPU_TORCH, so those allocations land on the CPU, where every input tensor already lives:
+# the functions then compute exactly what they compute on a GPU, on the CPU.
+_CURRENT_DEVICE_USERS = {
+    # RotaryEmbedding.get_emb moves ``inv_freq`` "to the GPU once" on every forward.
+    "megatron.core.models.common.embeddings.rotary_pos_embedding":
+        "RotaryEmbedding.get_emb",
+    # _gather_along_first_dim / _gather_along_last_dim / _reduce_scatter_along_first_dim
+    # allocate their collective output buffers (TP > 1 gathers of logits, sequence parallel).
+    "megatron.core.tensor_parallel.mappings": "_gather_along_*, _reduce_scatter_along_*",
+    # LinearWithGradAccumulationAndAsyncCommunication.backward allocates the all-gather /
+    # reduce-scatter buffers; the layers' __init__ allocates weights when
+    # use_cpu_initialization is off.
+    "megatron.core.tensor_parallel.layers": "linear backward buffers, weight allocation",
+    # split_tensor_into_1d_equal_chunks / gather_split_1d_tensor (pipeline p2p scatter-gather).
+    "megatron.core.tensor_parallel.utils": "split_tensor_into_1d_equal_chunks, gather_split_1d",
+    # GlobalMemoryBuffer.get_tensor: the reused buffer behind sequence-parallel all-gathers.
+    "megatron.core.utils": "GlobalMemoryBuffer.get_tensor",
+    # FileSystemWriterAsync.preload_tensors waits with torch.cuda.synchronize() after its
+    # (non-blocking) device-to-host copies: dist_checkpointing.save on CPU tensors.
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": "preload_tensors",
+    # save_state_dict_async_finalize all-reduces a failure flag allocated on the current
+    # device (gloo reduces it on the CPU just the same).
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver":
+        "save_state_dict_async_finalize",
+    # the async-call bookkeeping all-reduces small int tensors on the current device.
+    "megatron.core.dist_checkpointing.strategies.async_utils": "is_alive / call_idx checks",
+}
+
+
+class CpuRNGStatesTracker(CudaRNGStatesTracker):
+    """CPU twin of megatron's ``tensor_parallel.random.CudaRNGStatesTracker``.
+
+    Megatron's tracker keeps named *CUDA* generator states (``torch.cuda.get_rng_state``)
+    and ``fork()`` swaps one in around dropout in tensor-parallel regions (e.g.
+    ``DotProductAttention.forward`` forks it for attention dropout), so that TP ranks draw
+    different masks there and identical ones elsewhere. On CPU the generator that dropout
+    draws from is the CPU default generator, so the equivalent is to keep named CPU states
+    (``torch.get_rng_state``) and swap those: same seeds, same bookkeeping, same semantics.
+    Being a subclass, ``isinstance`` checks against megatron's class still hold.
+    """
+
+    def __init__(self, use_cudagraphable_rng: bool = False,
+                 is_inference_rng_tracker: bool = False):
+        # graph-safe generator states are a CUDA-graph feature: plain states on CPU
+        super().__init__(use_cudagraphable_rng=False,
+                         is_inference_rng_tracker=is_inference_rng_tracker)
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        orig = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = _MODEL_PARALLEL_RNG_TRACKER_NAME):
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+def _cpu_default_causal_mask(sq: int) -> torch.Tensor:
+    """``transformer.utils.get_default_causal_mask`` builds the same mask with
+    ``device="cuda"``; FusedScaleMaskSoftmax.forward_torch_softmax calls it when no mask
+    is passed. Same values (True above the diagonal = masked out), on the CPU."""
+    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
+
+def _cpu_sliding_window_causal_mask(sq: int, skv: int, window_size) -> torch.Tensor:
+    """CPU copy of ``transformer.utils.get_sliding_window_causal_mask`` (``device="cuda"``)."""
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    mu = torch.triu(m, diagonal=skv - sq - window_size[0])
+    return ~torch.tril(mu, diagonal=skv - sq + window_size[1])
+
+
+def _false() -> bool:
+    return False
+
+
+def _patch_tied_embedding_setup() -> None:
+    """``LanguageModule.setup_embeddings_and_output_layer`` (tied embeddings, PP > 1) moves
+    the shared embedding copy to the GPU (``weight.data = weight.data.cuda()``) and then
+    all-reduces it between the first and last stage, so both start equal. The wrapper runs
+    the original with the all-reduce branch switched off (``_is_in_embd_group`` answers
+    False for that call) and then performs the same all-reduce on the CPU tensor."""
+    import torch.distributed as dist
+
+    module = importlib.import_module("megatron.core.models.common.language_module."
+                                     "language_module")
+    original = module.LanguageModule.setup_embeddings_and_output_layer
+    if getattr(original, "_siirl_cpu", False):
+        return
+
+    def setup_embeddings_and_output_layer(self) -> None:
+        in_group = dist.is_initialized() and self._is_in_embd_group()
+        self._is_in_embd_group = _false  # instance attribute shadows the method
+        try:
+            original(self)
+        finally:
+            del self.__dict__["_is_in_embd_group"]
+        shares = self.share_embeddings_and_output_weights or getattr(
+            self.config, "mtp_num_layers", 0)
+        if in_group and shares and self.config.pipeline_model_parallel_size > 1:
+            dist.all_reduce(self.shared_embedding_or_output_weight().data,
+                            group=self.embd_group)
+
+    setup_embeddings_and_output_layer._siirl_cpu = True
+    module.LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
+
+
+def _install_rng_tracker() -> None:
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    # initialize_rng_tracker() instantiates the module-global name ``CudaRNGStatesTracker``;
+    # rebinding it makes every (re)initialisation, including the one inside
+    # model_parallel_cuda_manual_seed(), build a CPU tracker. That seed function otherwise
+    # only calls torch.cuda.manual_seed, which CPU builds queue lazily without error.
+    random.CudaRNGStatesTracker = CpuRNGStatesTracker  # (the original stays our base class)
+    if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRNGStatesTracker):
+        random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+        random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def cpu_mode_enabled() -> bool:
+    return _ENABLED
+
+
+def enable_cpu_mode(force: bool = False) -> bool:
+    """Apply the CPU adapters (idempotent). Returns whether they are active.
+
+    Skipped when CUDA is available unless ``force``: on a GPU machine megatron's own code
+    path is the one to use.
+    """
+    global _ENABLED
+    if _ENABLED:
+        return True
+    if torch.cuda.is_available() and not force:
+        return False
+    for module_name in _CURRENT_DEVICE_USERS:
+        importlib.import_module(module_name).torch = _CPU_TORCH
+    softmax = importlib.import_module("megatron.core.fusions.fused_softmax")
+    softmax.get_default_causal_mask = _cpu_default_causal_mask
+    softmax.get_sliding_window_causal_mask = _cpu_sliding_window_causal_mask
+    _install_rng_tracker()
+    _patch_tied_embedding_setup()
+    _ENABLED = True
+    return True

@@ -1,0 +1,251 @@
+"""The ``megatron`` engine plugin (entry point ``siirl.engines: megatron``): actor and
+reference on megatron-core's GPTModel, from the ``siirl-engine[megatron]`` extra.
+
+Importing this module imports megatron-core, so without the extra the plugin registry
+reports ``pip install "siirl-engine[megatron]"`` at start-up.
+
+What runs here: the HF checkpoint (or the built-in model) is loaded with transformers and
+converted by the weight bridge into a GPTModel stage (Transformer Engine layer spec when
+TE is importable, the local spec otherwise). Log-probs come from megatron's forward; the
+PPO update is the data-parallel actor's (``DataParallelPPOActor``: mini/micro batches,
+exact loss normalisation) with gradients averaged over the data-parallel group by an
+all-reduce. After each update the HF copy that the ``hf`` rollout generates with is
+refreshed through the bridge in size-bounded buckets.
+
+Limits of this release, checked at start-up: training at tensor/pipeline/context parallel
+size 1 (log-prob parity at TP 2 is tested; megatron's pipeline schedules and DDP need
+CUDA, see ``tools/gpu/check_megatron.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from typing import Any, Dict, Optional
+
+import megatron.core  # noqa: F401  (fails here, cleanly, without the [megatron] extra)
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.engine.actor.dp_actor import DataParallelPPOActor
+from siirl.engine.fsdp_workers import ACTOR, REF, ROLLOUT, ActorEngine, _device, _group, _seed
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+_PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                  "context_parallel_size")
+SYNC_BUCKET_BYTES = 64 << 20
+DIST_CKPT, OPTIM_FILE, EXTRA_FILE = "dist_ckpt", "optimizer.pt", "extra.pt"
+
+
+def parallel_sizes(config: Any, prefix: str) -> Dict[str, int]:
+    return {key: int(select(config, f"{prefix}.megatron.{key}", 1) or 1)
+            for key in _PARALLEL_KEYS}
+
+
+def _ensure_distributed() -> None:
+    """megatron's parallel state needs torch.distributed: a gloo world of one when this
+    worker runs alone (multi-worker jobs are initialised by the launcher)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+
+
+def _init_megatron(config: Any, prefix: str) -> None:
+    from megatron.core import parallel_state, tensor_parallel
+
+    from siirl.engine.megatron.cpu_compat import enable_cpu_mode
+
+    sizes = parallel_sizes(config, prefix)
+    if any(size != 1 for size in sizes.values()):
+        raise ConfigError(
+            f"{prefix}.megatron: this release trains with megatron at tensor/pipeline/context "
+            f"parallel size 1 (got {sizes}); data parallelism comes from the number of "
+            "workers")
+    enable_cpu_mode()
+    _ensure_distributed()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+        tensor_parallel.model_parallel_cuda_manual_seed(_seed(config))
+
+
+def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    from siirl.engine.megatron.bridge import load_hf_weights
+    from siirl.engine.megatron.model import build_gpt_model
+
+    model = build_gpt_model(hf_model.config)
+    load_hf_weights(model, hf_model.state_dict(), hf_model.config)
+    return model.to(device)
+
+
+def megatron_logprobs(model, input_ids, attention_mask, position_ids, response_length,
+                      temperature=1.0, calculate_entropy=False):
+    """``response_logprobs`` computed with megatron's forward (same alignment and math)."""
+    from siirl.engine.megatron.model import forward_logits
+    from siirl.engine.models.logprob import logprobs_from_logits
+
+    logits = forward_logits(model, input_ids, position_ids, attention_mask)
+    return logprobs_from_logits(logits, input_ids, int(response_length), temperature,
+                                calculate_entropy)
+
+
+def _grad_averager(module: torch.nn.Module, group: Any, world_size: int):
+    if world_size <= 1:
+        return None
+
+    def average() -> None:
+        for param in module.parameters():
+            if param.grad is not None:
+                torch.distributed.all_reduce(param.grad, group=group)
+                param.grad.div_(world_size)
+    return average
+
+
+class MegatronActorEngine(ActorEngine):
+    """The fsdp actor's interface (log-probs, updates, checkpoints, HF export) with the
+    policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
+
+    def __init__(self, config: Any, worker: Any = None):
+        from siirl.engine.fsdp_workers import _load_model
+        from siirl.engine.optim import build_lr_scheduler, build_optimizer
+
+        _init_megatron(config, ACTOR)
+        self.config, self.worker = config, worker
+        self.rank = int(getattr(worker, "rank", 0))
+        self.world_size = int(getattr(worker, "world_size", 1))
+        device = _device(config)
+        hf_model, self.tokenizer = _load_model(config)
+        self.module = hf_model.to(device)
+        self.megatron_model = build_megatron_model(hf_model, device)
+        self.group = _group(worker, "actor")
+        self.sharded = False  # weights are whole on every data-parallel rank
+        self.initial_module = copy.deepcopy(hf_model) if self.world_size > 1 else None
+        self.pristine = True
+        self._optim_cfg = select(config, f"{ACTOR}.optim")
+        optimizer = build_optimizer(self.megatron_model.parameters(), self._optim_cfg)
+        try:
+            scheduler = build_lr_scheduler(optimizer, self._optim_cfg,
+                                           select(config, "trainer.total_training_steps", -1)
+                                           or -1)
+        except ConfigError:
+            scheduler = None
+        self.actor = DataParallelPPOActor(
+            self.megatron_model, select(config, ACTOR), select(config, f"{ROLLOUT}.temperature",
+                                                               1.0),
+            optimizer=optimizer, lr_scheduler=scheduler,
+            rollout_n=select(config, f"{ROLLOUT}.n", 1), world_size=self.world_size,
+            seed=_seed(config), logprob_fn=megatron_logprobs, group=self.group,
+            log_prob_micro_batch_size=select(config,
+                                             f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
+            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size))
+
+    def update_policy(self, batch: Any) -> NodeOutput:
+        out = super().update_policy(batch)
+        self.sync_rollout_weights()
+        return out
+
+    @torch.no_grad()
+    def sync_rollout_weights(self) -> None:
+        """Copy the megatron weights into the HF module, bucket by bucket."""
+        from siirl.engine.megatron.bridge import iter_hf_weights
+
+        params = dict(self.module.named_parameters())
+        params.update(dict(self.module.named_buffers()))
+        for bucket in iter_hf_weights(self.megatron_model, self.module.config,
+                                      SYNC_BUCKET_BYTES):
+            for name, tensor in bucket:
+                if name in params:
+                    params[name].copy_(tensor)
+
+    # ---- checkpoints: megatron.core.dist_checkpointing (reshardable), HF export of the copy
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Weights through ``dist_checkpointing`` (collective: each rank writes its part),
+        optimizer and schedule state from rank 0 (data-parallel replicas are identical)."""
+        from megatron.core import dist_checkpointing
+
+        contents = self._contents("save_contents")
+        os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
+        if "model" in contents:
+            dist_checkpointing.save(self.megatron_model.sharded_state_dict(),
+                                    os.path.join(directory, DIST_CKPT))
+        if self.rank == 0:
+            if "optimizer" in contents:
+                torch.save(self.optimizer.state_dict(), os.path.join(directory, OPTIM_FILE))
+            if "extra" in contents:
+                torch.save({"lr_scheduler": self._scheduler().state_dict(),
+                            "update_count": self.actor.update_count},
+                           os.path.join(directory, EXTRA_FILE))
+        if self.world_size > 1:
+            torch.distributed.barrier(group=self.group)
+
+    def load_checkpoint(self, directory: str) -> None:
+        from megatron.core import dist_checkpointing
+
+        contents = self._contents("load_contents")
+        model_dir = os.path.join(directory, DIST_CKPT)
+        if "model" in contents:
+            if not os.path.isdir(model_dir):
+                raise ConfigError(f"checkpoint {directory} has no {DIST_CKPT}/ (not written "
+                                  "by the megatron engine)")
+            state = dist_checkpointing.load(self.megatron_model.sharded_state_dict(), model_dir)
+            self.megatron_model.load_state_dict(state)
+        optim = os.path.join(directory, OPTIM_FILE)
+        if "optimizer" in contents and os.path.exists(optim):
+            self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
+        extra_path = os.path.join(directory, EXTRA_FILE)
+        if "extra" in contents and os.path.exists(extra_path):
+            extra = torch.load(extra_path, weights_only=True)
+            self._scheduler().load_state_dict(extra["lr_scheduler"])
+            self.actor.update_count = int(extra["update_count"])
+        self.pristine = False
+        self.sync_rollout_weights()
+
+
+class MegatronReferenceEngine:
+    """Frozen initial policy as a megatron GPTModel: ``compute_ref_log_prob``."""
+
+    def __init__(self, config: Any, worker: Any = None):
+        from siirl.engine.fsdp_workers import ReferenceEngine, _load_model, reference_needed
+
+        self.config, self.enabled = config, reference_needed(config)
+        self.actor = None
+        if not self.enabled:
+            return
+        _init_megatron(config, REF)
+        hf_model = ReferenceEngine._initial_module(config, worker) if worker is not None \
+            else _load_model(config)[0]
+        model = build_megatron_model(hf_model, _device(config))
+        model.requires_grad_(False)
+        model.eval()
+        micro = (select(config, f"{REF}.log_prob_micro_batch_size_per_gpu")
+                 or select(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu"))
+        self.actor = DataParallelPPOActor(
+            model, select(config, REF), select(config, f"{ROLLOUT}.temperature", 1.0),
+            world_size=int(getattr(worker, "world_size", 1)), log_prob_micro_batch_size=micro,
+            logprob_fn=megatron_logprobs)
+
+    def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
+        if not self.enabled:
+            return NodeOutput(batch=batch, metrics={"ref/skipped": 1.0})
+        log_probs, _ = self.actor.compute_log_prob(batch)
+        batch.set("ref_log_prob", log_probs)
+        return NodeOutput(batch=batch, metrics={})
+
+
+_ROLES = {"actor": MegatronActorEngine, "reference": MegatronReferenceEngine}
+
+
+def megatron_engine(role: str, config: Any, worker: Optional[Any] = None) -> Any:
+    """Entry point ``siirl.engines: megatron``."""
+    if role not in _ROLES:
+        raise ConfigError(f"the megatron engine serves roles {', '.join(sorted(_ROLES))}, "
+                          f"not {role!r} (use critic.strategy=fsdp for the critic)")
+    return _ROLES[role](config, worker)
