@@ -1,0 +1,140 @@
+"""Check the megatron engine on a CUDA machine: weight-bridge round trip, log-prob parity
+with Hugging Face, and GRPO steps with ``strategy=megatron`` (tokens/s, model FLOPs use).
+
+    python tools/gpu/check_megatron.py [--steps 6] [--out megatron_gpu.json]
+
+The same checks run on CPU in CI (tests/engine/megatron/); this script runs them on CUDA
+with NCCL, where megatron-core's own kernels and code paths are used (the CPU adapters
+switch themselves off when CUDA is available). Needs torch with CUDA, megatron-core
+(``pip install "siirl-engine[megatron]"``) and the repo's packages. Prints a table and
+writes JSON; record the output in docs/megatron.md with the date and the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# FLOP/s of one GPU, dense, by dtype (datasheet values) for the utilisation estimate
+PEAK_TFLOPS = {"H100": {"fp32": 67.0, "bf16": 989.0}, "H200": {"fp32": 67.0, "bf16": 989.0},
+               "A100": {"fp32": 19.5, "bf16": 312.0}}
+
+
+def tiny_models():
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                  max_position_embeddings=64)
+    return {"llama": LlamaForCausalLM(LlamaConfig(**common)).eval(),
+            "qwen2": Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True)).eval()}
+
+
+def parity_checks(device: torch.device) -> dict:
+    from siirl.engine.megatron.bridge import hf_to_megatron, megatron_to_hf
+    from siirl.engine.megatron_workers import (
+        _init_megatron,
+        build_megatron_model,
+        megatron_logprobs,
+    )
+    from siirl.engine.models.logprob import response_logprobs
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity, not TF32
+    torch.backends.cudnn.allow_tf32 = False
+    _init_megatron({"trainer": {"seed": 1}}, "actor_rollout_ref.actor")
+    out = {}
+    for name, hf in tiny_models().items():
+        state = {k: v for k, v in hf.state_dict().items()}
+        shard = hf_to_megatron(state, hf.config, 0, 1, 0, 1)
+        back = megatron_to_hf([shard], hf.config)
+        exact = all(torch.equal(back[k], state[k]) for k in back)
+        hf = hf.to(device)
+        model = build_megatron_model(hf, device).eval()
+        ids = torch.randint(0, 128, (4, 24), device=device)
+        mask = torch.ones_like(ids)
+        mask[0, :5] = 0  # a left-padded row
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            want, _ = response_logprobs(hf, ids, mask, pos, 8)
+            got, _ = megatron_logprobs(model, ids, mask, pos, 8)
+        out[name] = {"round_trip_bit_exact": exact,
+                     "logprob_max_abs_diff": float((want - got).abs().max())}
+    return out
+
+
+def grpo_steps(steps: int, device: str) -> dict:
+    exe = Path(sys.executable).parent / "siirl-train"
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [str(exe), "actor_rollout_ref.actor.strategy=megatron", f"trainer.device={device}",
+               f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+               "trainer.val_before_train=false", "trainer.save_freq=-1",
+               "trainer.logger=[console]", "data.train_batch_size=64",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+               f"trainer.default_local_dir={run_dir}"]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        if proc.returncode:
+            return {"error": proc.stderr[-2000:]}
+        records = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    train = [r for r in records if "perf/actor_tokens_per_s" in r][1:]  # skip warm-up
+    tokens_per_s = sum(r["perf/actor_tokens_per_s"] for r in train) / max(len(train), 1)
+    from siirl.engine.models.loader import load_model_and_tokenizer
+
+    params = sum(p.numel() for p in load_model_and_tokenizer(None)[0].parameters())
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = next((v["fp32"] for k, v in PEAK_TFLOPS.items() if k in name), None)
+    flops = 6.0 * params * tokens_per_s  # forward + backward of the update
+    return {"steps": steps, "wall_s": time.perf_counter() - start,
+            "actor_tokens_per_s": tokens_per_s, "model_params": params,
+            "mfu_fp32": flops / (peak * 1e12) if peak else None,
+            "critic/score/mean": [r.get("critic/score/mean") for r in records
+                                  if "critic/score/mean" in r]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--out", default="megatron_gpu.json")
+    parser.add_argument("--cpu", action="store_true",
+                        help="dry run of this script on the CPU (no GPU figures)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.cpu:
+        print("no CUDA device: this script checks the GPU path (CPU checks are in tests/; "
+              "--cpu dry-runs the script)")
+        return 2
+    import megatron.core
+
+    device = "cpu" if args.cpu else "cuda"
+    report = {"date": time.strftime("%Y-%m-%d"),
+              "device": "cpu" if args.cpu else torch.cuda.get_device_name(),
+              "torch": torch.__version__, "megatron_core": megatron.core.__version__,
+              "parity": parity_checks(torch.device(device)),
+              "grpo": grpo_steps(args.steps, device)}
+    print(f"{'check':<34}{'result':>20}")
+    for name, result in report["parity"].items():
+        print(f"{name + ' round trip bit-exact':<34}{str(result['round_trip_bit_exact']):>20}")
+        print(f"{name + ' log-prob max |diff|':<34}{result['logprob_max_abs_diff']:>20.3g}")
+    grpo = report["grpo"]
+    if "error" in grpo:
+        print(f"GRPO steps failed: {grpo['error']}")
+    else:
+        print(f"{'GRPO actor tokens/s':<34}{grpo['actor_tokens_per_s']:>20.0f}")
+        mfu = grpo["mfu_fp32"] if grpo["mfu_fp32"] is not None else float("nan")
+        print(f"{'GRPO model FLOPs use (fp32 peak)':<34}{mfu:>20.2%}")
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    ok = all(r["round_trip_bit_exact"] and r["logprob_max_abs_diff"] < 1e-5
+             for r in report["parity"].values()) and "error" not in grpo
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
