@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,17 @@ def steps(run_dir):
                                       .read_text().splitlines()) if "actor/pg_loss" in r}
 
 
-def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path):
-    fsdp, whole, parts = tmp_path / "fsdp", tmp_path / "whole", tmp_path / "parts"
-    train(fsdp, "trainer.total_training_steps=2", "trainer.save_freq=-1")
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("fsdp")
+    train(run, "trainer.total_training_steps=2", "trainer.save_freq=-1")
+    return steps(run)
+
+
+def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path, fsdp_run):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(whole, *MEGATRON, "trainer.total_training_steps=3", "trainer.save_freq=-1")
-    a, b = steps(fsdp), steps(whole)
+    a, b = fsdp_run, steps(whole)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"):
         for step in (1, 2):  # step 2 also checks the weights synced back to the rollout
             assert abs(a[step][key] - b[step][key]) <= 1e-5 * max(1.0, abs(a[step][key])), key
@@ -49,6 +56,24 @@ def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path):
     resumed = steps(parts)[3]
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
         assert resumed[key] == pytest.approx(b[3][key], abs=1e-6), key
+
+
+def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path, fsdp_run):
+    """Two Ray CPU workers form one TP group: both read the same rows (the DataBuffer moves
+    the rollout's rows to them), each holds half of every layer; loss and gradient norm
+    equal the 1-worker fsdp run's."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    train(tmp_path, *MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+          "trainer.device=cpu", "trainer.n_gpus_per_node=2", "trainer.ray_address=local",
+          f"trainer.ray_temp_dir={tempfile.mkdtemp(prefix='ray', dir='/tmp')}",
+          "trainer.total_training_steps=2", "trainer.save_freq=2", env=env)
+    got = steps(tmp_path)
+    for step in (1, 2):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
+            want = fsdp_run[step][key]
+            assert abs(got[step][key] - want) <= 1e-5 * max(1.0, abs(want)), (step, key)
+    ckpt = tmp_path / "global_step_2" / "actor"
+    assert (ckpt / "optimizer.tp0.pt").is_file() and (ckpt / "optimizer.tp1.pt").is_file()
 
 
 def test_megatron_without_the_extra_names_the_pip_line(tmp_path):

@@ -181,10 +181,33 @@ class DAGWorker:
             group = self.process_groups.control_group if self.process_groups else None
             self._buffer = DataBuffer(group)
         sent, start = self._buffer.bytes_sent, time.perf_counter()
+        batch = self._common_prompt_width(batch, src)
         moved = self._buffer.redistribute(batch, src, dst, group_key="uid")
         self.metrics.add(f"databuffer/{child}/bytes_sent", self._buffer.bytes_sent - sent)
         self.metrics.add(f"timing_s/databuffer/{child}", time.perf_counter() - start)
         return moved
+
+    def _common_prompt_width(self, batch: Any, src: Any) -> Any:
+        """Prompts are left-padded to the longest prompt of each worker's own batch; rows
+        moving between workers need one width, so the prompt-side fields are left-padded
+        to the widest source's first (a small all-gather of widths)."""
+        import torch.distributed as dist
+
+        from siirl.data_coordinator.protocol import left_pad_to
+
+        pads = {"input_ids": getattr(self.tokenizer, "pad_token_id", None) or 0,
+                "prompts": getattr(self.tokenizer, "pad_token_id", None) or 0,
+                "attention_mask": 0, "position_ids": 0}
+        mine = {key: int(batch.get(key).shape[-1]) for key in pads
+                if batch is not None and src.is_source(self.comm.rank) and key in batch.keys()}
+        group = self._buffer.group
+        gathered: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, mine, group=group)
+        widths: Dict[str, int] = {}
+        for part in gathered:
+            for key, width in part.items():
+                widths[key] = max(widths.get(key, 0), width)
+        return left_pad_to(batch, widths, pads) if batch is not None else batch
 
     # ---- built-in node functions: each delegates to the engine of its role -------------
 

@@ -2,9 +2,11 @@
 
 A node that runs a model has the layout of its engine: the rollout groups
 ``actor_rollout_ref.rollout.tensor_model_parallel_size`` consecutive workers into one
-tensor-parallel group that reads the same rows; FSDP training and inference nodes (actor,
-reference, critic) are plain data parallel, one row share per worker. Every other node
-(reward, advantage, filters, custom functions) works where its first parent's rows are.
+tensor-parallel group that reads the same rows; a megatron actor/reference groups its
+tensor x pipeline x context parallel peers (consecutive ranks, as megatron orders them);
+FSDP nodes (actor, reference, critic) are plain data parallel, one row share per worker.
+Every other node (reward, advantage, filters, custom functions) works where its first
+parent's rows are.
 Between a parent and a child with different layouts the DAGWorker's DataBuffer moves the
 rows; between equal layouts they stay in place.
 """
@@ -24,11 +26,27 @@ _MODEL_PARALLEL_KEYS = {
     NodeRole.ROLLOUT: "actor_rollout_ref.rollout.tensor_model_parallel_size",
 }
 _DATA_PARALLEL_ROLES = (NodeRole.ACTOR, NodeRole.REFERENCE, NodeRole.CRITIC)
+_MEGATRON = "actor_rollout_ref.actor.megatron"
+_MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                   "context_parallel_size")
+
+
+def _model_parallel(role: NodeRole, config: Any) -> tuple:
+    """(size, config key) of the group of workers that read the same rows at this node: a
+    megatron actor/reference's TP x PP x CP peers (the reference shares the actor's
+    megatron state), the rollout's tensor-parallel peers, else 1."""
+    if role in (NodeRole.ACTOR, NodeRole.REFERENCE) and \
+            select(config, "actor_rollout_ref.actor.strategy", "fsdp") == "megatron":
+        size = 1
+        for key in _MEGATRON_SIZES:
+            size *= int(select(config, f"{_MEGATRON}.{key}", 1) or 1)
+        return size, f"{_MEGATRON}.tensor_model_parallel_size (x pipeline x context)"
+    key = _MODEL_PARALLEL_KEYS.get(role)
+    return (int(select(config, key, 1) or 1) if key else 1), key
 
 
 def _role_layout(role: NodeRole, config: Any, ranks: Sequence[int]) -> Layout:
-    key = _MODEL_PARALLEL_KEYS.get(role)
-    size = int(select(config, key, 1) or 1) if key else 1
+    size, key = _model_parallel(role, config)
     if size < 1 or len(ranks) % size:
         raise ConfigError(f"{key}={size} must divide the number of workers running the graph "
                           f"({len(ranks)})")

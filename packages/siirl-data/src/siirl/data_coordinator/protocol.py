@@ -155,6 +155,22 @@ def concat(batches: Sequence[TensorDict]) -> TensorDict:
     return torch.cat(list(batches), dim=0)
 
 
+def left_pad_to(batch: TensorDict, widths: dict[str, int], pad_values: dict[str, int]
+                ) -> TensorDict:
+    """A shallow copy of ``batch`` whose fields named in ``widths`` are left-padded (with
+    ``pad_values[key]``, default 0) to at least that trailing width."""
+    out = None
+    for key, width in widths.items():
+        if key not in batch.keys() or batch.get(key).shape[-1] >= width:
+            continue
+        tensor = batch.get(key)
+        pad = tensor.new_full((*tensor.shape[:-1], width - tensor.shape[-1]),
+                              pad_values.get(key, 0))
+        out = out if out is not None else batch.copy()
+        out.set(key, torch.cat([pad, tensor], dim=-1))
+    return out if out is not None else batch
+
+
 def concat_left_padded(batches: Sequence[TensorDict], pad_values: dict[str, int]
                        ) -> TensorDict:
     """``concat`` for batches padded to different widths (prompts are left-padded to the

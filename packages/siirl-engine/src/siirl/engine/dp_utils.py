@@ -26,10 +26,16 @@ def require(batch: Any, keys: Tuple[str, ...], what: str) -> None:
                         f"{sorted(batch.keys())}")
 
 
-def clip_grad_norm(module: torch.nn.Module, clip: Any) -> float:
-    """Clip to ``clip`` (<= 0 or None: measure only); the global norm as a float."""
+def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None) -> float:
+    """Clip to ``clip`` (<= 0 or None: measure only); the global norm as a float.
+
+    With ``tp_group`` (megatron tensor parallelism) parameters marked
+    ``tensor_model_parallel`` hold one shard each, so their squared norms are summed over
+    the group; the others are replicated and count once."""
     params = [p for p in module.parameters() if p.requires_grad]
     max_norm = float(clip) if clip and clip > 0 else float("inf")
+    if tp_group is not None:
+        return _clip_tensor_parallel(params, max_norm, tp_group)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
         norm = norm.full_tensor()
@@ -48,3 +54,25 @@ def dp_sum(metrics: Dict[str, float], world_size: int, group: Any,
         values = values.to(device)
     torch.distributed.all_reduce(values, group=group)
     return {k: float(v) for k, v in zip(keys, values.cpu(), strict=True)}
+
+
+def _clip_tensor_parallel(params: list, max_norm: float, tp_group: Any) -> float:
+    grads = [(p, p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    device = grads[0][1].device
+    sharded = torch.zeros((), dtype=torch.float64, device=device)
+    replicated = torch.zeros((), dtype=torch.float64, device=device)
+    for param, grad in grads:
+        squares = grad.detach().double().pow(2).sum()
+        if getattr(param, "tensor_model_parallel", False):
+            sharded += squares
+        else:
+            replicated += squares
+    torch.distributed.all_reduce(sharded, group=tp_group)
+    norm = float((sharded + replicated).sqrt())
+    if torch.isfinite(torch.tensor(norm)) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)  # torch's clip_grad_norm_ epsilon
+        for _, grad in grads:
+            grad.mul_(scale)
+    return norm

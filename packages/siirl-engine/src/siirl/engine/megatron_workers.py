@@ -29,7 +29,7 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.engine.actor.dp_actor import DataParallelPPOActor
-from siirl.engine.fsdp_workers import ACTOR, REF, ROLLOUT, ActorEngine, _device, _group, _seed
+from siirl.engine.fsdp_workers import ACTOR, REF, ROLLOUT, ActorEngine, _device, _seed
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
@@ -65,16 +65,25 @@ def _init_megatron(config: Any, prefix: str) -> None:
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
 
     sizes = parallel_sizes(config, prefix)
-    if any(size != 1 for size in sizes.values()):
+    tp = sizes["tensor_model_parallel_size"]
+    if sizes["pipeline_model_parallel_size"] != 1 or sizes["context_parallel_size"] != 1:
         raise ConfigError(
-            f"{prefix}.megatron: this release trains with megatron at tensor/pipeline/context "
-            f"parallel size 1 (got {sizes}); data parallelism comes from the number of "
-            "workers")
+            f"{prefix}.megatron: this release trains with megatron at pipeline and context "
+            f"parallel size 1 (got {sizes}); tensor parallelism and data parallelism (the "
+            "remaining workers) are supported")
     enable_cpu_mode()
     _ensure_distributed()
+    import torch.distributed as dist
+
+    if dist.get_world_size() % tp:
+        raise ConfigError(f"{prefix}.megatron.tensor_model_parallel_size={tp} must divide the "
+                          f"number of workers ({dist.get_world_size()})")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
+        parallel_state.initialize_model_parallel(tp, 1)
         tensor_parallel.model_parallel_cuda_manual_seed(_seed(config))
+    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        raise ConfigError(f"{prefix}.megatron.tensor_model_parallel_size={tp} differs from the "
+                          "size the actor's megatron state was built with")
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -114,19 +123,25 @@ class MegatronActorEngine(ActorEngine):
     policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
 
     def __init__(self, config: Any, worker: Any = None):
+        from megatron.core import parallel_state
+
         from siirl.engine.fsdp_workers import _load_model
         from siirl.engine.optim import build_lr_scheduler, build_optimizer
 
         _init_megatron(config, ACTOR)
         self.config, self.worker = config, worker
-        self.rank = int(getattr(worker, "rank", 0))
-        self.world_size = int(getattr(worker, "world_size", 1))
+        # data parallelism is what remains of the workers after tensor parallelism
+        self.rank = parallel_state.get_data_parallel_rank()
+        self.world_size = parallel_state.get_data_parallel_world_size()
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group() \
+            if self.tp_size > 1 else None
         device = _device(config)
         hf_model, self.tokenizer = _load_model(config)
         self.module = hf_model.to(device)
         self.megatron_model = build_megatron_model(hf_model, device)
-        self.group = _group(worker, "actor")
-        self.sharded = False  # weights are whole on every data-parallel rank
+        self.group = parallel_state.get_data_parallel_group() if self.world_size > 1 else None
+        self.sharded = False  # no FSDP: megatron shards by tensor parallelism only
         self.initial_module = copy.deepcopy(hf_model) if self.world_size > 1 else None
         self.pristine = True
         self._optim_cfg = select(config, f"{ACTOR}.optim")
@@ -145,7 +160,8 @@ class MegatronActorEngine(ActorEngine):
             seed=_seed(config), logprob_fn=megatron_logprobs, group=self.group,
             log_prob_micro_batch_size=select(config,
                                              f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
-            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size))
+            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size),
+            tp_group=self.tp_group)
 
     def update_policy(self, batch: Any) -> NodeOutput:
         out = super().update_policy(batch)
@@ -160,7 +176,7 @@ class MegatronActorEngine(ActorEngine):
         params = dict(self.module.named_parameters())
         params.update(dict(self.module.named_buffers()))
         for bucket in iter_hf_weights(self.megatron_model, self.module.config,
-                                      SYNC_BUCKET_BYTES):
+                                      SYNC_BUCKET_BYTES, tp_group=self.tp_group):
             for name, tensor in bucket:
                 if name in params:
                     params[name].copy_(tensor)
@@ -177,15 +193,24 @@ class MegatronActorEngine(ActorEngine):
         if "model" in contents:
             dist_checkpointing.save(self.megatron_model.sharded_state_dict(),
                                     os.path.join(directory, DIST_CKPT))
-        if self.rank == 0:
+        if self.rank == 0:  # data-parallel replicas are identical: one copy per TP shard
             if "optimizer" in contents:
-                torch.save(self.optimizer.state_dict(), os.path.join(directory, OPTIM_FILE))
+                torch.save(self.optimizer.state_dict(), os.path.join(directory, self._optim()))
+        if self.rank == 0 and self._tp_rank() == 0:
             if "extra" in contents:
                 torch.save({"lr_scheduler": self._scheduler().state_dict(),
                             "update_count": self.actor.update_count},
                            os.path.join(directory, EXTRA_FILE))
-        if self.world_size > 1:
-            torch.distributed.barrier(group=self.group)
+        torch.distributed.barrier()
+
+    def _tp_rank(self) -> int:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_tensor_model_parallel_rank()
+
+    def _optim(self) -> str:
+        """One optimizer file per tensor-parallel shard (its moments are shard-shaped)."""
+        return OPTIM_FILE if self.tp_size == 1 else f"optimizer.tp{self._tp_rank()}.pt"
 
     def load_checkpoint(self, directory: str) -> None:
         from megatron.core import dist_checkpointing
@@ -198,7 +223,7 @@ class MegatronActorEngine(ActorEngine):
                                   "by the megatron engine)")
             state = dist_checkpointing.load(self.megatron_model.sharded_state_dict(), model_dir)
             self.megatron_model.load_state_dict(state)
-        optim = os.path.join(directory, OPTIM_FILE)
+        optim = os.path.join(directory, self._optim())
         if "optimizer" in contents and os.path.exists(optim):
             self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
         extra_path = os.path.join(directory, EXTRA_FILE)
@@ -220,7 +245,10 @@ class MegatronReferenceEngine:
         self.actor = None
         if not self.enabled:
             return
-        _init_megatron(config, REF)
+        from megatron.core import parallel_state
+
+        # one megatron parallel state per process: the reference shares the actor's sizes
+        _init_megatron(config, ACTOR)
         hf_model = ReferenceEngine._initial_module(config, worker) if worker is not None \
             else _load_model(config)[0]
         model = build_megatron_model(hf_model, _device(config))
@@ -230,7 +258,8 @@ class MegatronReferenceEngine:
                  or select(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu"))
         self.actor = DataParallelPPOActor(
             model, select(config, REF), select(config, f"{ROLLOUT}.temperature", 1.0),
-            world_size=int(getattr(worker, "world_size", 1)), log_prob_micro_batch_size=micro,
+            world_size=parallel_state.get_data_parallel_world_size(),
+            log_prob_micro_batch_size=micro,
             logprob_fn=megatron_logprobs)
 
     def compute_ref_log_prob(self, batch: Any) -> NodeOutput:

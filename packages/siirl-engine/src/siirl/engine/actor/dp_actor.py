@@ -87,8 +87,9 @@ class DataParallelPPOActor:
                  log_prob_micro_batch_size: Optional[int] = None,
                  logprob_fn: Optional[Callable] = None,
                  autocast_dtype: Optional[torch.dtype] = None, group: Any = None,
-                 grad_sync: Optional[Callable[[], None]] = None):
+                 grad_sync: Optional[Callable[[], None]] = None, tp_group: Any = None):
         self.module = module
+        self.tp_group = tp_group  # megatron tensor parallelism: grad norm over shards
         # averages gradients over data-parallel ranks when the module does not (FSDP2 does)
         self.grad_sync = grad_sync
         self.group = group  # the data-parallel process group (None: the default group)
@@ -260,7 +261,7 @@ class DataParallelPPOActor:
         return True
 
     def _clip_grad_norm(self) -> float:
-        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0))
+        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0), self.tp_group)
 
     def _dp_sum(self, metrics: Dict[str, float]) -> Dict[str, float]:
         """Sum per-rank shares over data-parallel ranks so every rank has the global value."""
