@@ -76,6 +76,25 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
     assert (ckpt / "optimizer.tp0.pt").is_file() and (ckpt / "optimizer.tp1.pt").is_file()
 
 
+def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path):
+    """PPO with actor, reference and critic on megatron equals PPO on fsdp (the critic's
+    value head has the same seeded start); its checkpoint holds the GPTModel in
+    dist_checkpointing form and the replicated value head beside it."""
+    runs = {}
+    for strategy in ("fsdp", "megatron"):
+        runs[strategy] = tmp_path / strategy
+        train(runs[strategy], "algorithm.adv_estimator=gae",
+              f"actor_rollout_ref.actor.strategy={strategy}", f"critic.strategy={strategy}",
+              "trainer.total_training_steps=2", "trainer.save_freq=2")
+    a, b = steps(runs["fsdp"]), steps(runs["megatron"])
+    for step in (1, 2):
+        for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean",
+                    "actor/grad_norm", "actor/pg_loss"):
+            assert abs(a[step][key] - b[step][key]) <= 1e-5 * max(1.0, abs(a[step][key])), key
+    critic = runs["megatron"] / "global_step_2" / "critic"
+    assert (critic / "dist_ckpt").is_dir() and (critic / "replicated_modules.pt").is_file()
+
+
 def test_megatron_without_the_extra_names_the_pip_line(tmp_path):
     # a stand-in "megatron" package that fails like a missing megatron-core
     shim = tmp_path / "shim" / "megatron"

@@ -33,10 +33,12 @@ _MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
 
 def _model_parallel(role: NodeRole, config: Any) -> tuple:
     """(size, config key) of the group of workers that read the same rows at this node: a
-    megatron actor/reference's TP x PP x CP peers (the reference shares the actor's
-    megatron state), the rollout's tensor-parallel peers, else 1."""
-    if role in (NodeRole.ACTOR, NodeRole.REFERENCE) and \
-            select(config, "actor_rollout_ref.actor.strategy", "fsdp") == "megatron":
+    megatron actor/reference/critic's TP x PP x CP peers (all share the actor's megatron
+    parallel state), the rollout's tensor-parallel peers, else 1."""
+    megatron_actor = select(config, "actor_rollout_ref.actor.strategy", "fsdp") == "megatron"
+    megatron_critic = select(config, "critic.strategy", "fsdp") == "megatron"
+    if (role in (NodeRole.ACTOR, NodeRole.REFERENCE) and megatron_actor) or \
+            (role is NodeRole.CRITIC and megatron_critic):
         size = 1
         for key in _MEGATRON_SIZES:
             size *= int(select(config, f"{_MEGATRON}.{key}", 1) or 1)

@@ -12,15 +12,15 @@ exact loss normalisation) with gradients averaged over the data-parallel group b
 all-reduce. After each update the HF copy that the ``hf`` rollout generates with is
 refreshed through the bridge in size-bounded buckets.
 
-Limits of this release, checked at start-up: training at tensor/pipeline/context parallel
-size 1 (log-prob parity at TP 2 is tested; megatron's pipeline schedules and DDP need
-CUDA, see ``tools/gpu/check_megatron.py``).
+Roles: actor, reference and critic (the fsdp critic's value head on a GPTModel). Limits
+of this release, checked at start-up: pipeline and context parallel size 1; tensor
+parallelism splits each layer over consecutive workers, data parallelism takes the rest
+(megatron's pipeline schedules and DDP need CUDA: docs/megatron.md).
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import socket
 from typing import Any, Dict, Optional
 
@@ -29,14 +29,15 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.engine.actor.dp_actor import DataParallelPPOActor
+from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.fsdp_workers import ACTOR, REF, ROLLOUT, ActorEngine, _device, _seed
+from siirl.engine.megatron.checkpointing import MegatronCheckpointed
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "context_parallel_size")
 SYNC_BUCKET_BYTES = 64 << 20
-DIST_CKPT, OPTIM_FILE, EXTRA_FILE = "dist_ckpt", "optimizer.pt", "extra.pt"
 
 
 def parallel_sizes(config: Any, prefix: str) -> Dict[str, int]:
@@ -118,7 +119,7 @@ def _grad_averager(module: torch.nn.Module, group: Any, world_size: int):
     return average
 
 
-class MegatronActorEngine(ActorEngine):
+class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
     """The fsdp actor's interface (log-probs, updates, checkpoints, HF export) with the
     policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
 
@@ -181,57 +182,7 @@ class MegatronActorEngine(ActorEngine):
                 if name in params:
                     params[name].copy_(tensor)
 
-    # ---- checkpoints: megatron.core.dist_checkpointing (reshardable), HF export of the copy
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Weights through ``dist_checkpointing`` (collective: each rank writes its part),
-        optimizer and schedule state from rank 0 (data-parallel replicas are identical)."""
-        from megatron.core import dist_checkpointing
-
-        contents = self._contents("save_contents")
-        os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
-        if "model" in contents:
-            dist_checkpointing.save(self.megatron_model.sharded_state_dict(),
-                                    os.path.join(directory, DIST_CKPT))
-        if self.rank == 0:  # data-parallel replicas are identical: one copy per TP shard
-            if "optimizer" in contents:
-                torch.save(self.optimizer.state_dict(), os.path.join(directory, self._optim()))
-        if self.rank == 0 and self._tp_rank() == 0:
-            if "extra" in contents:
-                torch.save({"lr_scheduler": self._scheduler().state_dict(),
-                            "update_count": self.actor.update_count},
-                           os.path.join(directory, EXTRA_FILE))
-        torch.distributed.barrier()
-
-    def _tp_rank(self) -> int:
-        from megatron.core import parallel_state
-
-        return parallel_state.get_tensor_model_parallel_rank()
-
-    def _optim(self) -> str:
-        """One optimizer file per tensor-parallel shard (its moments are shard-shaped)."""
-        return OPTIM_FILE if self.tp_size == 1 else f"optimizer.tp{self._tp_rank()}.pt"
-
-    def load_checkpoint(self, directory: str) -> None:
-        from megatron.core import dist_checkpointing
-
-        contents = self._contents("load_contents")
-        model_dir = os.path.join(directory, DIST_CKPT)
-        if "model" in contents:
-            if not os.path.isdir(model_dir):
-                raise ConfigError(f"checkpoint {directory} has no {DIST_CKPT}/ (not written "
-                                  "by the megatron engine)")
-            state = dist_checkpointing.load(self.megatron_model.sharded_state_dict(), model_dir)
-            self.megatron_model.load_state_dict(state)
-        optim = os.path.join(directory, self._optim())
-        if "optimizer" in contents and os.path.exists(optim):
-            self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
-        extra_path = os.path.join(directory, EXTRA_FILE)
-        if "extra" in contents and os.path.exists(extra_path):
-            extra = torch.load(extra_path, weights_only=True)
-            self._scheduler().load_state_dict(extra["lr_scheduler"])
-            self.actor.update_count = int(extra["update_count"])
-        self.pristine = False
+    def after_load(self) -> None:
         self.sync_rollout_weights()
 
 
@@ -270,12 +221,61 @@ class MegatronReferenceEngine:
         return NodeOutput(batch=batch, metrics={})
 
 
-_ROLES = {"actor": MegatronActorEngine, "reference": MegatronReferenceEngine}
+class MegatronBackbone(torch.nn.Module):
+    """A GPTModel as a value-model backbone: token ids -> final hidden states ``[B, T, H]``
+    (after the final norm; read off the decoder, the LM head's logits are not used)."""
+
+    def __init__(self, gpt: torch.nn.Module):
+        super().__init__()
+        self.gpt = gpt
+        self._hidden = None
+        gpt.decoder.register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, output) -> None:
+        self._hidden = output
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        from siirl.engine.megatron.model import forward_logits
+
+        forward_logits(self.gpt, input_ids, position_ids, attention_mask)
+        hidden, self._hidden = self._hidden, None
+        return hidden.transpose(0, 1)  # megatron's [S, B, H] -> [B, S, H]
+
+
+class MegatronCriticEngine(MegatronCheckpointed, CriticEngine):
+    """PPO critic: the fsdp critic's value head (same seeded init) on a megatron GPTModel
+    built from ``critic.model``, with the actor's tensor/data-parallel layout."""
+
+    def __init__(self, config: Any, worker: Any = None):
+        from megatron.core import parallel_state
+
+        from siirl.engine.critic.value_model import ValueModel
+        from siirl.engine.models.loader import load_model_and_tokenizer
+
+        _init_megatron(config, ACTOR)
+        lm, _ = load_model_and_tokenizer(select(config, "critic.model"), dtype=torch.float32)
+        self.megatron_model = build_megatron_model(lm, _device(config))
+        module = ValueModel(MegatronBackbone(self.megatron_model), lm.config.hidden_size,
+                            seed=_seed(config))
+        dp = parallel_state.get_data_parallel_world_size()
+        group = parallel_state.get_data_parallel_group() if dp > 1 else None
+        tp_group = parallel_state.get_tensor_model_parallel_group() \
+            if parallel_state.get_tensor_model_parallel_world_size() > 1 else None
+        super().__init__(config, worker, module=module,
+                         parallel=(parallel_state.get_data_parallel_rank(), dp, group),
+                         grad_sync=_grad_averager(module, group, dp), tp_group=tp_group)
+
+    def replicated_modules(self) -> Dict[str, torch.nn.Module]:
+        return {"value_head": self.module.value_head}
+
+
+_ROLES = {"actor": MegatronActorEngine, "reference": MegatronReferenceEngine,
+          "critic": MegatronCriticEngine}
 
 
 def megatron_engine(role: str, config: Any, worker: Optional[Any] = None) -> Any:
     """Entry point ``siirl.engines: megatron``."""
     if role not in _ROLES:
         raise ConfigError(f"the megatron engine serves roles {', '.join(sorted(_ROLES))}, "
-                          f"not {role!r} (use critic.strategy=fsdp for the critic)")
+                          f"not {role!r}")
     return _ROLES[role](config, worker)

@@ -51,8 +51,11 @@ class DataParallelPPOCritic:
                  rollout_n: int = 1, world_size: int = 1, seed: int = 0,
                  forward_micro_batch_size: Optional[int] = None,
                  value_fn: Optional[Callable] = None,
-                 autocast_dtype: Optional[torch.dtype] = None, group: Any = None):
+                 autocast_dtype: Optional[torch.dtype] = None, group: Any = None,
+                 grad_sync: Optional[Callable[[], None]] = None, tp_group: Any = None):
         self.module = module
+        self.grad_sync = grad_sync  # averages gradients when the module does not (FSDP2 does)
+        self.tp_group = tp_group  # megatron tensor parallelism: grad norm over shards
         self.config = critic_cfg
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -186,6 +189,8 @@ class DataParallelPPOCritic:
             totals["critic/vpred_mean"] += float(vpred_mean) * token_share
         for key, value in totals.items():
             stats[key].append(value)
+        if self.grad_sync is not None:
+            self.grad_sync()
         grad_norm = self._clip_grad_norm()
         if not math.isfinite(grad_norm):  # one bad batch must not poison weights or moments
             self.optimizer.zero_grad(set_to_none=True)
@@ -195,7 +200,7 @@ class DataParallelPPOCritic:
         return True
 
     def _clip_grad_norm(self) -> float:
-        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0))
+        return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0), self.tp_group)
 
     def _dp_sum(self, metrics: Dict[str, float]) -> Dict[str, float]:
         """Sum per-rank shares over data-parallel ranks so every rank has the global value."""

@@ -9,7 +9,7 @@ and lr schedule, and checkpoints through ``siirl.engine.checkpoint``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -35,15 +35,23 @@ class CriticEngine(CheckpointedEngine):
     """
 
     def __init__(self, config: Any, worker: Any = None, *,
-                 module: Optional[torch.nn.Module] = None, value_fn: Optional[Callable] = None):
+                 module: Optional[torch.nn.Module] = None, value_fn: Optional[Callable] = None,
+                 parallel: Optional[Tuple[int, int, Any]] = None, **critic_kwargs: Any):
+        """``parallel`` = (data-parallel rank, size, group) when the module is parallelised
+        by its own means (megatron): no FSDP then; ``critic_kwargs`` go to the
+        DataParallelPPOCritic (``grad_sync``, ``tp_group``)."""
         self.config, self.worker = config, worker
         self.rank, self.world_size = fw._world(worker)
         if module is None:
             module = build_value_model(select(config, f"{CRITIC}.model"), seed=fw._seed(config))
             module.to(fw._device(config))
         self.module = module
-        self.group = fw._group(worker, CRITIC)
-        self.sharded = fw._should_shard(self.group)
+        if parallel is not None:
+            self.rank, self.world_size, self.group = parallel
+            self.sharded = False
+        else:
+            self.group = fw._group(worker, CRITIC)
+            self.sharded = fw._should_shard(self.group)
         if self.sharded:
             fw.shard_fsdp2(module, select(config, f"{CRITIC}.model.fsdp_config"), self.group)
         self.pristine = True  # no update and no checkpoint load yet
@@ -60,7 +68,7 @@ class CriticEngine(CheckpointedEngine):
             rollout_n=rollout_n, world_size=self.world_size, seed=fw._seed(config),
             value_fn=value_fn,
             autocast_dtype=compute_dtype(select(config, f"{CRITIC}.model.fsdp_config")),
-            group=self.group)
+            group=self.group, **critic_kwargs)
 
     def _total_steps(self) -> int:
         steps = select(self._optim_cfg, "total_training_steps", -1) if self._optim_cfg else -1
