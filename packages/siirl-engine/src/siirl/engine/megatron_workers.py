@@ -30,7 +30,15 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.engine.actor.dp_actor import DataParallelPPOActor
 from siirl.engine.critic.engine import CriticEngine
-from siirl.engine.fsdp_workers import ACTOR, REF, ROLLOUT, ActorEngine, _device, _seed
+from siirl.engine.fsdp_workers import (
+    ACTOR,
+    REF,
+    ROLLOUT,
+    ActorEngine,
+    ReferenceEngine,
+    _device,
+    _seed,
+)
 from siirl.engine.megatron.checkpointing import MegatronCheckpointed
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -186,11 +194,12 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
         self.sync_rollout_weights()
 
 
-class MegatronReferenceEngine:
-    """Frozen initial policy as a megatron GPTModel: ``compute_ref_log_prob``."""
+class MegatronReferenceEngine(ReferenceEngine):
+    """Frozen initial policy as a megatron GPTModel; ``compute_ref_log_prob`` (and the
+    skip when nothing reads it) is the fsdp reference's."""
 
-    def __init__(self, config: Any, worker: Any = None):
-        from siirl.engine.fsdp_workers import ReferenceEngine, _load_model, reference_needed
+    def __init__(self, config: Any, worker: Any = None):  # no super(): nothing to shard
+        from siirl.engine.fsdp_workers import _load_model, reference_needed
 
         self.config, self.enabled = config, reference_needed(config)
         self.actor = None
@@ -212,13 +221,6 @@ class MegatronReferenceEngine:
             world_size=parallel_state.get_data_parallel_world_size(),
             log_prob_micro_batch_size=micro,
             logprob_fn=megatron_logprobs)
-
-    def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
-        if not self.enabled:
-            return NodeOutput(batch=batch, metrics={"ref/skipped": 1.0})
-        log_probs, _ = self.actor.compute_log_prob(batch)
-        batch.set("ref_log_prob", log_probs)
-        return NodeOutput(batch=batch, metrics={})
 
 
 class MegatronBackbone(torch.nn.Module):
