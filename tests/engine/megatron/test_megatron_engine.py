@@ -74,6 +74,13 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
             assert abs(got[step][key] - want) <= 1e-5 * max(1.0, abs(want)), (step, key)
     ckpt = tmp_path / "global_step_2" / "actor"
     assert (ckpt / "optimizer.tp0.pt").is_file() and (ckpt / "optimizer.tp1.pt").is_file()
+    # the TP 2 checkpoint resumes on one worker at TP 1: dist_checkpointing reshards
+    single = tmp_path / "single"
+    proc = train(single, *MEGATRON, "trainer.total_training_steps=3", "trainer.save_freq=-1",
+                 "trainer.resume_mode=resume_path",
+                 f"trainer.resume_from_path={tmp_path / 'global_step_2'}")
+    assert sorted(steps(single)) == [3]
+    assert "optimizer starts fresh" in proc.stderr
 
 
 def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path):

@@ -6,6 +6,8 @@ schedule and update count once, plus any replicated extra modules (the critic's 
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 from typing import Dict
 
@@ -13,6 +15,7 @@ import torch
 
 from siirl.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 DIST_CKPT, EXTRA_FILE, EXTRAS_FILE = "dist_ckpt", "extra.pt", "replicated_modules.pt"
 
 
@@ -79,6 +82,11 @@ class MegatronCheckpointed:
         optim = os.path.join(directory, optimizer_file())
         if "optimizer" in contents and os.path.exists(optim):
             self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
+        elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
+            # written at another tensor-parallel size: weights reshard, moments do not
+            logger.warning("%s holds optimizer state for another tensor-parallel size than "
+                           "this run's; the weights were resharded, the optimizer starts "
+                           "fresh", directory)
         extra_path = os.path.join(directory, EXTRA_FILE)
         if "extra" in contents and os.path.exists(extra_path):
             extra = torch.load(extra_path, weights_only=True)
