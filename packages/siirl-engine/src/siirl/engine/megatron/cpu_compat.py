@@ -64,6 +64,32 @@ class _CpuTorch:
 
 _CPU_TORCH = _CpuTorch()
 
+
+def _cpu_factory(name: str):
+    factory = getattr(torch, name)
+
+    def make(*args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "cuda":
+            device = "cpu"
+        return factory(*args, device=device, **kwargs)
+
+    make.__name__ = name
+    return make
+
+
+class _CpuTorchNoCudaDevice(_CpuTorch):
+    """_CpuTorch whose tensor factories also turn an explicit ``device="cuda"`` into the CPU
+    (for the modules in _CUDA_STRING_USERS): the same tensor, allocated where every other
+    tensor of the CPU run lives."""
+
+    zeros = staticmethod(_cpu_factory("zeros"))
+    ones = staticmethod(_cpu_factory("ones"))
+    empty = staticmethod(_cpu_factory("empty"))
+    tensor = staticmethod(_cpu_factory("tensor"))
+
+
+_CPU_TORCH_NO_CUDA_DEVICE = _CpuTorchNoCudaDevice()
+
 # Modules whose functions on the CPU path allocate with ``device=torch.cuda.current_device()``
 # (which raises "Torch not compiled with CUDA enabled"). Inside them ``torch`` is rebound to
 # _CPU_TORCH, so those allocations land on the CPU, where every input tensor already lives:
@@ -92,6 +118,19 @@ _CURRENT_DEVICE_USERS = {
         "save_state_dict_async_finalize",
     # the async-call bookkeeping all-reduces small int tensors on the current device.
     "megatron.core.dist_checkpointing.strategies.async_utils": "is_alive / call_idx checks",
+    # P2PCommunicator._communicate allocates the receive buffers (and the shape tensors for
+    # variable_seq_lengths) on the current device and calls torch.cuda.synchronize() after
+    # batch_isend_irecv ("race condition" guard; gloo's CPU ops complete on wait()).
+    "megatron.core.pipeline_parallel.p2p_communication": "P2PCommunicator._communicate",
+}
+
+# Modules that allocate with the literal ``device="cuda"``; inside them ``torch`` is rebound to
+# _CPU_TORCH_NO_CUDA_DEVICE, whose tensor factories map that device to the CPU.
+_CUDA_STRING_USERS = {
+    # forward_backward_no_pipelining / forward_backward_pipelining_{with,without}_interleaving
+    # start their token counter as ``torch.zeros([], dtype=torch.int, device="cuda")``; it is
+    # only summed (and handed to finalize_model_grads_func), so the CPU holds it just as well.
+    "megatron.core.pipeline_parallel.schedules": "total_num_tokens of every schedule",
 }
 
 
@@ -216,6 +255,8 @@ def enable_cpu_mode(force: bool = False) -> bool:
         return False
     for module_name in _CURRENT_DEVICE_USERS:
         importlib.import_module(module_name).torch = _CPU_TORCH
+    for module_name in _CUDA_STRING_USERS:
+        importlib.import_module(module_name).torch = _CPU_TORCH_NO_CUDA_DEVICE
     softmax = importlib.import_module("megatron.core.fusions.fused_softmax")
     softmax.get_default_causal_mask = _cpu_default_causal_mask
     softmax.get_sliding_window_causal_mask = _cpu_sliding_window_causal_mask
