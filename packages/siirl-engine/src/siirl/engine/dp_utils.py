@@ -26,16 +26,19 @@ def require(batch: Any, keys: Tuple[str, ...], what: str) -> None:
                         f"{sorted(batch.keys())}")
 
 
-def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None) -> float:
+def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None,
+                   pp_group: Any = None) -> float:
     """Clip to ``clip`` (<= 0 or None: measure only); the global norm as a float.
 
-    With ``tp_group`` (megatron tensor parallelism) parameters marked
+    Megatron model parallelism: with ``tp_group`` parameters marked
     ``tensor_model_parallel`` hold one shard each, so their squared norms are summed over
-    the group; the others are replicated and count once."""
+    the group, the others are replicated and count once; with ``pp_group`` every pipeline
+    stage holds its own layers, so the stages' squares are summed, except copies marked
+    ``shared`` (the last stage's copy of tied embeddings) which count on the first stage."""
     params = [p for p in module.parameters() if p.requires_grad]
     max_norm = float(clip) if clip and clip > 0 else float("inf")
-    if tp_group is not None:
-        return _clip_tensor_parallel(params, max_norm, tp_group)
+    if tp_group is not None or pp_group is not None:
+        return _clip_model_parallel(params, max_norm, tp_group, pp_group)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
         norm = norm.full_tensor()
@@ -56,21 +59,26 @@ def dp_sum(metrics: Dict[str, float], world_size: int, group: Any,
     return {k: float(v) for k, v in zip(keys, values.cpu(), strict=True)}
 
 
-def _clip_tensor_parallel(params: list, max_norm: float, tp_group: Any) -> float:
+def _clip_model_parallel(params: list, max_norm: float, tp_group: Any,
+                         pp_group: Any) -> float:
     grads = [(p, p.grad) for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    device = grads[0][1].device
+    device = grads[0][1].device if grads else (params[0].device if params else "cpu")
     sharded = torch.zeros((), dtype=torch.float64, device=device)
     replicated = torch.zeros((), dtype=torch.float64, device=device)
     for param, grad in grads:
+        if pp_group is not None and getattr(param, "shared", False):
+            continue  # counted on the stage that owns the original
         squares = grad.detach().double().pow(2).sum()
         if getattr(param, "tensor_model_parallel", False):
             sharded += squares
         else:
             replicated += squares
-    torch.distributed.all_reduce(sharded, group=tp_group)
-    norm = float((sharded + replicated).sqrt())
+    if tp_group is not None:
+        torch.distributed.all_reduce(sharded, group=tp_group)
+    total = sharded + replicated
+    if pp_group is not None:  # a stage without gradients still joins the sum
+        torch.distributed.all_reduce(total, group=pp_group)
+    norm = float(total.sqrt())
     if torch.isfinite(torch.tensor(norm)) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)  # torch's clip_grad_norm_ epsilon
         for _, grad in grads:

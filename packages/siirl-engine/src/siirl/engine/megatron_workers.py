@@ -21,6 +21,7 @@ parallelism splits each layer over consecutive workers, data parallelism takes t
 from __future__ import annotations
 
 import copy
+import functools
 import socket
 from typing import Any, Dict, Optional
 
@@ -28,7 +29,6 @@ import megatron.core  # noqa: F401  (fails here, cleanly, without the [megatron]
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.engine.actor.dp_actor import DataParallelPPOActor
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.fsdp_workers import (
     ACTOR,
@@ -40,6 +40,8 @@ from siirl.engine.fsdp_workers import (
     _seed,
 )
 from siirl.engine.megatron.checkpointing import MegatronCheckpointed
+from siirl.engine.megatron.ppo_actor import MegatronPPOActor
+from siirl.engine.megatron.ppo_critic import MegatronPPOCritic
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
@@ -68,38 +70,56 @@ def _ensure_distributed() -> None:
                             world_size=1)
 
 
+# Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows
+# are consecutive workers: the planner's megatron layout (dag_worker/layouts.py) groups
+# consecutive ranks. (megatron's default puts PP outermost: tp-cp-ep-dp-pp.)
+RANK_ORDER = "tp-cp-ep-pp-dp"
+
+
 def _init_megatron(config: Any, prefix: str) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
 
     sizes = parallel_sizes(config, prefix)
-    tp = sizes["tensor_model_parallel_size"]
-    if sizes["pipeline_model_parallel_size"] != 1 or sizes["context_parallel_size"] != 1:
+    tp, pp = sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"]
+    if sizes["context_parallel_size"] != 1:
         raise ConfigError(
-            f"{prefix}.megatron: this release trains with megatron at pipeline and context "
-            f"parallel size 1 (got {sizes}); tensor parallelism and data parallelism (the "
-            "remaining workers) are supported")
+            f"{prefix}.megatron.context_parallel_size={sizes['context_parallel_size']}: "
+            "context parallelism is not supported by this release (it needs Transformer "
+            "Engine's attention); use tensor and pipeline parallelism")
     enable_cpu_mode()
     _ensure_distributed()
     import torch.distributed as dist
 
-    if dist.get_world_size() % tp:
-        raise ConfigError(f"{prefix}.megatron.tensor_model_parallel_size={tp} must divide the "
-                          f"number of workers ({dist.get_world_size()})")
+    if dist.get_world_size() % (tp * pp):
+        raise ConfigError(f"{prefix}.megatron.tensor_model_parallel_size={tp} x "
+                          f"pipeline_model_parallel_size={pp} must divide the number of "
+                          f"workers ({dist.get_world_size()})")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp, 1)
+        parallel_state.initialize_model_parallel(tp, pp, order=RANK_ORDER)
         tensor_parallel.model_parallel_cuda_manual_seed(_seed(config))
-    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
-        raise ConfigError(f"{prefix}.megatron.tensor_model_parallel_size={tp} differs from the "
-                          "size the actor's megatron state was built with")
+    elif (parallel_state.get_tensor_model_parallel_world_size(),
+          parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        raise ConfigError(f"{prefix}.megatron: TP {tp} x PP {pp} differs from the sizes the "
+                          "actor's megatron state was built with")
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights."""
+    from megatron.core import parallel_state
+
     from siirl.engine.megatron.bridge import load_hf_weights
     from siirl.engine.megatron.model import build_gpt_model
 
-    model = build_gpt_model(hf_model.config)
+    layers = int(hf_model.config.num_hidden_layers)
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if layers % pp:
+        raise ConfigError(f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp} "
+                          f"must divide the model's {layers} layers")
+    model = build_gpt_model(hf_model.config,
+                            pre_process=parallel_state.is_pipeline_first_stage(),
+                            post_process=parallel_state.is_pipeline_last_stage())
     load_hf_weights(model, hf_model.state_dict(), hf_model.config)
     return model.to(device)
 
@@ -161,12 +181,12 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
                                            or -1)
         except ConfigError:
             scheduler = None
-        self.actor = DataParallelPPOActor(
+        self.actor = MegatronPPOActor(
             self.megatron_model, select(config, ACTOR), select(config, f"{ROLLOUT}.temperature",
                                                                1.0),
             optimizer=optimizer, lr_scheduler=scheduler,
             rollout_n=select(config, f"{ROLLOUT}.n", 1), world_size=self.world_size,
-            seed=_seed(config), logprob_fn=megatron_logprobs, group=self.group,
+            seed=_seed(config), group=self.group,
             log_prob_micro_batch_size=select(config,
                                              f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
             grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size),
@@ -179,13 +199,15 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
 
     @torch.no_grad()
     def sync_rollout_weights(self) -> None:
-        """Copy the megatron weights into the HF module, bucket by bucket."""
-        from siirl.engine.megatron.bridge import iter_hf_weights
+        """Copy the megatron weights (every pipeline stage's) into the HF module, bucket by
+        bucket."""
+        from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
 
         params = dict(self.module.named_parameters())
         params.update(dict(self.module.named_buffers()))
-        for bucket in iter_hf_weights(self.megatron_model, self.module.config,
-                                      SYNC_BUCKET_BYTES, tp_group=self.tp_group):
+        for bucket in iter_pipeline_hf_weights(self.megatron_model, self.module.config,
+                                               SYNC_BUCKET_BYTES, tp_group=self.tp_group,
+                                               stages=self.actor.stages):
             for name, tensor in bucket:
                 if name in params:
                     params[name].copy_(tensor)
@@ -216,11 +238,10 @@ class MegatronReferenceEngine(ReferenceEngine):
         model.eval()
         micro = (select(config, f"{REF}.log_prob_micro_batch_size_per_gpu")
                  or select(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu"))
-        self.actor = DataParallelPPOActor(
+        self.actor = MegatronPPOActor(
             model, select(config, REF), select(config, f"{ROLLOUT}.temperature", 1.0),
             world_size=parallel_state.get_data_parallel_world_size(),
-            log_prob_micro_batch_size=micro,
-            logprob_fn=megatron_logprobs)
+            log_prob_micro_batch_size=micro)
 
 
 class MegatronBackbone(torch.nn.Module):
@@ -265,6 +286,8 @@ class MegatronCriticEngine(MegatronCheckpointed, CriticEngine):
             if parallel_state.get_tensor_model_parallel_world_size() > 1 else None
         super().__init__(config, worker, module=module,
                          parallel=(parallel_state.get_data_parallel_rank(), dp, group),
+                         critic_cls=functools.partial(MegatronPPOCritic,
+                                                      stage=self.megatron_model),
                          grad_sync=_grad_averager(module, group, dp), tp_group=tp_group)
 
     def replicated_modules(self) -> Dict[str, torch.nn.Module]:

@@ -200,24 +200,36 @@ class DataParallelPPOActor:
     def _update_mini_batch(self, mini_batch: Any, micro: int, use_kl: bool,
                            stats: Dict[str, list]) -> bool:
         """Accumulate over micro-batches, clip, step; False if the step was skipped."""
+        mini_batch = mini_batch.to(self._device())
+        micro_batches = split(mini_batch, micro)
+        loss_of = self._micro_loss_fn(mini_batch, len(micro_batches), use_kl)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: Dict[str, float] = defaultdict(float)
+        for micro_batch in micro_batches:
+            # Entropy is always computed for the metric; it joins the graph only when it
+            # is part of the loss.
+            log_prob, entropy = self._forward(micro_batch, calculate_entropy=True)
+            loss_of(micro_batch, log_prob, entropy, totals).backward()
+        return self._finish_mini_batch(totals, stats)
+
+    def _micro_loss_fn(self, mini_batch: Any, num_micro: int, use_kl: bool) -> Callable:
+        """``loss(micro_batch, log_prob, entropy, totals)``: the micro-batch's PPO loss
+        weighted by its share of the global mini-batch (so summing the micro-batch losses
+        gives the mini-batch loss) with its metric shares added to ``totals``."""
         cfg = self.config
         mode = select(cfg, "loss_agg_mode", "token-mean")
         policy_loss_fn = get_policy_loss_fn(select(cfg, "policy_loss.loss_mode", "vanilla"))
         entropy_coeff = float(select(cfg, "entropy_coeff", 0.0))
+        kl_coef = float(select(cfg, "kl_loss_coef", 0.001))
         dp_active = dist_active(self.world_size)
         dp_scale = self.world_size if dp_active else 1  # FSDP averages grads over ranks
-        mini_batch = mini_batch.to(self._device())
         total_units = agg_loss_units(mini_batch["response_mask"], mode)
         if total_units is not None and dp_active:
             torch.distributed.all_reduce(total_units, group=self.group)
-        micro_batches = split(mini_batch, micro)
-        self.optimizer.zero_grad(set_to_none=True)
-        totals: Dict[str, float] = defaultdict(float)
-        for micro_batch in micro_batches:
+
+        def loss_of(micro_batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor,
+                    totals: Dict[str, float]) -> torch.Tensor:
             mask = micro_batch["response_mask"].float()
-            # Entropy is always computed for the metric; it joins the graph only when it
-            # is part of the loss.
-            log_prob, entropy = self._forward(micro_batch, calculate_entropy=True)
             pg_loss, clipfrac, ppo_kl, clipfrac_lower = policy_loss_fn(
                 old_log_prob=micro_batch["old_log_probs"], log_prob=log_prob,
                 advantages=micro_batch["advantages"], response_mask=mask,
@@ -233,21 +245,26 @@ class DataParallelPPOActor:
                 kld = kl_penalty(log_prob, micro_batch["ref_log_prob"],
                                  select(cfg, "kl_loss_type", "low_var_kl"))
                 kl_loss = agg_loss(kld, mask, mode)
-                loss = loss + float(select(cfg, "kl_loss_coef", 0.001)) * kl_loss
+                loss = loss + kl_coef * kl_loss
             # this micro-batch's share of the global mini-batch; a sum mode just adds up
-            even = 1.0 / (len(micro_batches) * dp_scale)
+            even = 1.0 / (num_micro * dp_scale)
             share = (float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
                      if total_units is not None else 1.0)
-            (loss * share * dp_scale).backward()
+            fraction_weight = share if total_units is not None else even
             for key, value, weight in (
                     ("pg_loss", pg_loss, share), ("entropy", entropy_loss, share),
                     ("kl_loss", kl_loss, share),
                     # fractions are averaged, even when the loss is a sum
-                    ("pg_clipfrac", clipfrac, share if total_units is not None else even),
-                    ("ppo_kl", ppo_kl, share if total_units is not None else even),
-                    ("pg_clipfrac_lower", clipfrac_lower,
-                     share if total_units is not None else even)):
+                    ("pg_clipfrac", clipfrac, fraction_weight),
+                    ("ppo_kl", ppo_kl, fraction_weight),
+                    ("pg_clipfrac_lower", clipfrac_lower, fraction_weight)):
                 totals[f"actor/{key}"] += float(value.detach()) * weight
+            return loss * share * dp_scale
+
+        return loss_of
+
+    def _finish_mini_batch(self, totals: Dict[str, float], stats: Dict[str, list]) -> bool:
+        """Average gradients over data-parallel ranks, clip, step; False if skipped."""
         for key, value in totals.items():
             stats[key].append(value)
         if self.grad_sync is not None:

@@ -163,18 +163,27 @@ class DataParallelPPOCritic:
 
     def _update_mini_batch(self, mini_batch: Any, micro: int, stats: Dict[str, list]) -> bool:
         """Accumulate over micro-batches, clip, step; False if the step was skipped."""
+        mini_batch = mini_batch.to(self._device())
+        loss_of = self._micro_loss_fn(mini_batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: Dict[str, float] = defaultdict(float)
+        for micro_batch in split(mini_batch, micro):
+            loss_of(micro_batch, self._forward(micro_batch), totals).backward()
+        return self._finish_mini_batch(totals, stats)
+
+    def _micro_loss_fn(self, mini_batch: Any) -> Callable:
+        """``loss(micro_batch, vpreds, totals)``: the micro-batch's value loss weighted by
+        its share of the global mini-batch, with its metric shares added to ``totals``."""
         cfg = self.config
         mode = select(cfg, "loss_agg_mode", "token-mean")
         cliprange = float(select(cfg, "cliprange_value", 0.5))
         dp_scale = self.world_size if dist_active(self.world_size) else 1  # FSDP averages
-        mini_batch = mini_batch.to(self._device())
         total_tokens, total_units = self._global_counts(mini_batch["response_mask"].float(),
                                                         mode)
-        self.optimizer.zero_grad(set_to_none=True)
-        totals: Dict[str, float] = defaultdict(float)
-        for micro_batch in split(mini_batch, micro):
+
+        def loss_of(micro_batch: Any, vpreds: torch.Tensor,
+                    totals: Dict[str, float]) -> torch.Tensor:
             mask = micro_batch["response_mask"].float()
-            vpreds = self._forward(micro_batch)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds=vpreds, returns=micro_batch["returns"], values=micro_batch["values"],
                 response_mask=mask, cliprange_value=cliprange, loss_agg_mode=mode)
@@ -182,11 +191,16 @@ class DataParallelPPOCritic:
             share = (float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
                      if total_units is not None else 1.0)
             token_share = float(mask.sum() / total_tokens.clamp_min(1))
-            (vf_loss * share * dp_scale).backward()
             vpred_mean = (vpreds.detach() * mask).sum() / mask.sum().clamp_min(1)
             totals["critic/vf_loss"] += float(vf_loss.detach()) * share
             totals["critic/vf_clipfrac"] += float(vf_clipfrac) * token_share
             totals["critic/vpred_mean"] += float(vpred_mean) * token_share
+            return vf_loss * share * dp_scale
+
+        return loss_of
+
+    def _finish_mini_batch(self, totals: Dict[str, float], stats: Dict[str, list]) -> bool:
+        """Average gradients over data-parallel ranks, clip, step; False if skipped."""
         for key, value in totals.items():
             stats[key].append(value)
         if self.grad_sync is not None:

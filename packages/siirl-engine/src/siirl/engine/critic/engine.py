@@ -36,10 +36,12 @@ class CriticEngine(CheckpointedEngine):
 
     def __init__(self, config: Any, worker: Any = None, *,
                  module: Optional[torch.nn.Module] = None, value_fn: Optional[Callable] = None,
-                 parallel: Optional[Tuple[int, int, Any]] = None, **critic_kwargs: Any):
+                 parallel: Optional[Tuple[int, int, Any]] = None,
+                 critic_cls: Callable[..., DataParallelPPOCritic] = DataParallelPPOCritic,
+                 **critic_kwargs: Any):
         """``parallel`` = (data-parallel rank, size, group) when the module is parallelised
-        by its own means (megatron): no FSDP then; ``critic_kwargs`` go to the
-        DataParallelPPOCritic (``grad_sync``, ``tp_group``)."""
+        by its own means (megatron): no FSDP then; ``critic_cls`` (a DataParallelPPOCritic
+        subclass) gets ``critic_kwargs`` (``grad_sync``, ``tp_group``, ...)."""
         self.config, self.worker = config, worker
         self.rank, self.world_size = fw._world(worker)
         if module is None:
@@ -63,7 +65,7 @@ class CriticEngine(CheckpointedEngine):
             scheduler = None  # needs the run's length; see set_total_training_steps
         rollout_n = (select(config, f"{CRITIC}.rollout_n")
                      or select(config, f"{fw.ROLLOUT}.n", 1))
-        self.critic = DataParallelPPOCritic(
+        self.critic = critic_cls(
             module, select(config, CRITIC), optimizer=optimizer, lr_scheduler=scheduler,
             rollout_n=rollout_n, world_size=self.world_size, seed=fw._seed(config),
             value_fn=value_fn,

@@ -1,7 +1,8 @@
 """Checkpoints of the megatron engines: weights through ``megatron.core.dist_checkpointing``
-(each rank writes its part; reshardable), optimizer moments one file per tensor-parallel
-shard (data-parallel replicas are identical, so data-parallel rank 0 writes them), lr
-schedule and update count once, plus any replicated extra modules (the critic's value head).
+(each rank writes its part; reshardable to other TP/PP sizes), optimizer moments one file
+per tensor x pipeline shard (data-parallel replicas are identical, so data-parallel rank 0
+writes them), lr schedule and update count once, plus any replicated extra modules (the
+critic's value head, which lives on the last pipeline stage).
 """
 
 from __future__ import annotations
@@ -25,11 +26,25 @@ def _tp_rank() -> int:
     return parallel_state.get_tensor_model_parallel_rank()
 
 
+def _writes_extras() -> bool:
+    """One rank of the data-parallel rank 0 replicas writes the replicated files: TP rank 0
+    of the last pipeline stage (the stage that holds the value head)."""
+    from megatron.core import parallel_state
+
+    return _tp_rank() == 0 and parallel_state.is_pipeline_last_stage()
+
+
 def optimizer_file() -> str:
     from megatron.core import parallel_state
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    return "optimizer.pt" if tp == 1 else f"optimizer.tp{_tp_rank()}.pt"
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    name = "optimizer"
+    if tp > 1:
+        name += f".tp{_tp_rank()}"
+    if pp > 1:
+        name += f".pp{parallel_state.get_pipeline_model_parallel_rank()}"
+    return name + ".pt"
 
 
 class MegatronCheckpointed:
@@ -53,7 +68,7 @@ class MegatronCheckpointed:
                                     os.path.join(directory, DIST_CKPT))
         if self.rank == 0 and "optimizer" in contents:
             torch.save(self.optimizer.state_dict(), os.path.join(directory, optimizer_file()))
-        if self.rank == 0 and _tp_rank() == 0:
+        if self.rank == 0 and _writes_extras():
             if "extra" in contents:
                 torch.save({"lr_scheduler": self._scheduler().state_dict(),
                             "update_count": self.trainer.update_count},
@@ -83,9 +98,9 @@ class MegatronCheckpointed:
         if "optimizer" in contents and os.path.exists(optim):
             self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
         elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
-            # written at another tensor-parallel size: weights reshard, moments do not
-            logger.warning("%s holds optimizer state for another tensor-parallel size than "
-                           "this run's; the weights were resharded, the optimizer starts "
+            # written at other TP/PP sizes: weights reshard, moments do not
+            logger.warning("%s holds optimizer state for other tensor/pipeline-parallel sizes "
+                           "than this run's; the weights were resharded, the optimizer starts "
                            "fresh", directory)
         extra_path = os.path.join(directory, EXTRA_FILE)
         if "extra" in contents and os.path.exists(extra_path):

@@ -122,6 +122,12 @@ _CURRENT_DEVICE_USERS = {
     # variable_seq_lengths) on the current device and calls torch.cuda.synchronize() after
     # batch_isend_irecv ("race condition" guard; gloo's CPU ops complete on wait()).
     "megatron.core.pipeline_parallel.p2p_communication": "P2PCommunicator._communicate",
+    # _ParamAndGradBuffer.__init__ (megatron DDP) allocates the contiguous param / grad buffers
+    # that every parameter's ``.data`` / ``.main_grad`` become views of.
+    "megatron.core.distributed.param_and_grad_buffer": "_ParamAndGradBuffer.__init__",
+    # DistributedOptimizer.sharded_state_dict / load_parameter_state allocate the optimizer
+    # state shards (exp_avg, exp_avg_sq) they load into on the current device.
+    "megatron.core.optimizer.distrib_optimizer": "optimizer-state allocation on load",
 }
 
 # Modules that allocate with the literal ``device="cuda"``; inside them ``torch`` is rebound to
@@ -131,6 +137,13 @@ _CUDA_STRING_USERS = {
     # start their token counter as ``torch.zeros([], dtype=torch.int, device="cuda")``; it is
     # only summed (and handed to finalize_model_grads_func), so the CPU holds it just as well.
     "megatron.core.pipeline_parallel.schedules": "total_num_tokens of every schedule",
+    # MixedPrecisionOptimizer.__init__ (base of DistributedOptimizer) allocates its unit loss
+    # scale ``_scale_one`` and the multi-tensor-apply overflow flag with device='cuda'.
+    "megatron.core.optimizer.optimizer": "MixedPrecisionOptimizer.__init__ scalars",
+    # get_grad_norm_fp32 / count_zeros_fp32 / clip_grad_by_total_norm_fp32 allocate their
+    # accumulators (the norm, the zero count, the overflow flag) with device='cuda' and then
+    # all-reduce them: gloo reduces the same values on the CPU.
+    "megatron.core.optimizer.clip_grads": "grad-norm / zero-count accumulators",
 }
 
 
@@ -226,6 +239,96 @@ def _patch_tied_embedding_setup() -> None:
     module.LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
 
 
+def _cpu_multi_tensor_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """CPU copy of ``megatron.core.utils.local_multi_tensor_l2_norm`` (the fallback that
+    ``optimizer.clip_grads.get_grad_norm_fp32`` uses when neither TE nor apex is installed),
+    which returns its result as ``torch.tensor(..., device="cuda")``: the same L2 norm of
+    the per-tensor L2 norms, as a float32 ``[1]`` tensor on the CPU."""
+    norms = [[torch.norm(tensor) for tensor in tensor_list] for tensor_list in tensor_lists]
+    total = torch.norm(torch.tensor(norms))
+    return torch.tensor([float(total)], dtype=torch.float), None
+
+
+def _cpu_clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm,
+                                      use_decoupled_grad: bool = False) -> None:
+    """CPU copy of ``optimizer.clip_grads.clip_grad_by_total_norm_fp32``, which asserts
+    ``param.grad.type() == 'torch.cuda.FloatTensor'`` (a CPU fp32 grad is 'torch.FloatTensor')
+    and scales through a multi-tensor kernel. Same check on the dtype, same in-place scaling
+    ``grad = grad * clip_coeff`` (what megatron's ``local_multi_tensor_scale`` does), same
+    coefficient ``max_norm / (total_norm + 1e-6)`` applied only when it is below 1."""
+    from megatron.core.utils import to_local_if_dtensor
+
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = []
+    for param in parameters:
+        grad = getattr(param, "decoupled_grad" if use_decoupled_grad else "grad", None)
+        if grad is not None:
+            allowed = (torch.float32, torch.bfloat16) if use_decoupled_grad else (torch.float32,)
+            assert grad.dtype in allowed, grad.dtype
+            grads.append(to_local_if_dtensor(grad).detach())
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0:
+        for grad in grads:
+            grad.copy_(grad * clip_coeff)
+
+
+def _patch_clip_grads() -> None:
+    """``optimizer.clip_grads`` (grad-norm clipping of every megatron optimizer's step):
+
+    * its multi-tensor L2 norm becomes :func:`_cpu_multi_tensor_l2_norm` (TE's and apex's are
+      CUDA kernels, megatron's fallback returns a CUDA tensor) behind megatron's own
+      pure-python ``local_multi_tensor_applier``;
+    * ``clip_grad_by_total_norm_fp32`` becomes :func:`_cpu_clip_grad_by_total_norm_fp32`, in
+      ``clip_grads`` and in ``optimizer.optimizer``, which imported it by name."""
+    from megatron.core.utils import local_multi_tensor_applier
+
+    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
+    clip_grads.multi_tensor_applier = local_multi_tensor_applier
+    clip_grads.l2_norm_impl = _cpu_multi_tensor_l2_norm
+    clip_grads.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32
+    optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
+    optimizer.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32
+
+
+def _cuda_float_type(*args, **kwargs) -> str:
+    if args or kwargs:  # a conversion, not the type query: nothing in that function does this
+        raise NotImplementedError("cpu_compat: Tensor.type(dtype) is not adapted here")
+    return "torch.cuda.FloatTensor"
+
+
+def _patch_distrib_optimizer_param_types() -> None:
+    """``DistributedOptimizer._build_model_and_main_param_groups`` sorts parameters by
+    ``param.type()``: 'torch.cuda.HalfTensor' / 'torch.cuda.BFloat16Tensor' get an fp32 main
+    copy, 'torch.cuda.FloatTensor' is optimised in place (a view of its shard), anything else
+    raises TypeError -- so a CPU fp32 parameter ('torch.FloatTensor') is refused. The wrapper
+    runs the original with each CPU fp32 parameter answering ``type()`` with the CUDA name
+    of the same dtype (an instance attribute that shadows the method for that call only), so
+    it takes the fp32 branch, which only slices ``param.view(-1)`` and copies TP attributes:
+    the same shard views a GPU run builds. Half / bf16 CPU parameters are not adapted (they
+    still raise)."""
+    module = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    cls = module.DistributedOptimizer
+    original = cls.__dict__["_build_model_and_main_param_groups"].__func__
+    if getattr(original, "_siirl_cpu", False):
+        return
+
+    def _build_model_and_main_param_groups(klass, gbuf_ranges, param_gbuf_map, opt_group_ranges,
+                                           config):
+        shadowed = [param for group in opt_group_ranges for param in group["params"]
+                    if param.device.type == "cpu" and param.dtype == torch.float32]
+        for param in shadowed:
+            param.type = _cuda_float_type
+        try:
+            return original(klass, gbuf_ranges, param_gbuf_map, opt_group_ranges, config)
+        finally:
+            for param in shadowed:
+                del param.__dict__["type"]
+
+    _build_model_and_main_param_groups._siirl_cpu = True
+    cls._build_model_and_main_param_groups = classmethod(_build_model_and_main_param_groups)
+
+
 def _install_rng_tracker() -> None:
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     # initialize_rng_tracker() instantiates the module-global name ``CudaRNGStatesTracker``;
@@ -262,5 +365,7 @@ def enable_cpu_mode(force: bool = False) -> bool:
     softmax.get_sliding_window_causal_mask = _cpu_sliding_window_causal_mask
     _install_rng_tracker()
     _patch_tied_embedding_setup()
+    _patch_clip_grads()
+    _patch_distrib_optimizer_param_types()
     _ENABLED = True
     return True

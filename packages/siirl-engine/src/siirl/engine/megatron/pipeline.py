@@ -1,11 +1,12 @@
-"""Pipeline-parallel log-prob forward / backward on a megatron GPT stage.
+"""Pipeline-parallel forward / backward on a megatron GPT stage.
 
-:func:`pipeline_logprob_step` runs megatron-core's own schedule
+:func:`run_pipeline` runs megatron-core's own schedule
 (``megatron.core.pipeline_parallel.get_forward_backward_func()``: 1F1B when PP > 1, plain
 micro-batch accumulation when PP = 1) over left-padded ``[B, S]`` micro-batches; on the last
-stage it turns logits into per-token log-probs of the response and hands them to a loss
-function. On CPU (gloo) call :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` first:
-it adapts the schedule's and the p2p layer's CUDA allocations.
+stage a head turns the stage's output into named outputs (per-token log-probs of the
+response with :func:`logprob_head`, values for the critic) and a loss function scores them.
+On CPU (gloo) call :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` first: it
+adapts the schedule's and the p2p layer's CUDA allocations.
 """
 
 from __future__ import annotations
@@ -21,51 +22,45 @@ from megatron.core import parallel_state
 from siirl.engine.megatron.model import forward_logits, megatron_attention_mask, unwrap_model
 from siirl.engine.models.logprob import logprobs_from_logits
 
-__all__ = ["pipeline_logprob_step"]
+__all__ = ["logprob_head", "pipeline_logprob_step", "run_pipeline"]
 
 LossFn = Callable[[int, torch.Tensor], torch.Tensor | None]
+# last_stage_fn(module, micro_batch) -> named outputs (the first one is megatron's output
+# tensor); step_loss_fn(index, outputs) -> scalar loss or None
+LastStageFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+StepLossFn = Callable[[int, dict[str, torch.Tensor]], torch.Tensor | None]
 
 
-def _check_micro_batches(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[int, int]:
+def _check_micro_batches(micro_batches: Sequence[dict[str, torch.Tensor]],
+                         equal_shapes: bool) -> tuple[int, int]:
     if not micro_batches:
-        raise ValueError("pipeline_logprob_step needs at least one micro-batch")
+        raise ValueError("a pipeline step needs at least one micro-batch")
     shape = tuple(micro_batches[0]["input_ids"].shape)
     for index, batch in enumerate(micro_batches):
         for key in ("input_ids", "attention_mask", "position_ids"):
-            if tuple(batch[key].shape) != shape:
-                raise ValueError(f"micro-batch {index}: {key} has shape "
-                                 f"{tuple(batch[key].shape)}, expected {shape} (megatron's "
-                                 "schedule sends fixed-shape activations)")
+            got = tuple(batch[key].shape)
+            if got != shape and (equal_shapes or got != tuple(batch["input_ids"].shape)):
+                raise ValueError(f"micro-batch {index}: {key} has shape {got}, expected "
+                                 f"{shape} (megatron's schedule sends fixed-shape "
+                                 "activations between pipeline stages)")
     batch_size, seq_len = shape
     return batch_size, seq_len
 
 
-def pipeline_logprob_step(model: torch.nn.Module,
-                          micro_batches: Sequence[dict[str, torch.Tensor]],
-                          response_length: int, temperature: float = 1.0,
-                          loss_fn: LossFn | None = None,
-                          forward_only: bool = False) -> list[dict[str, Any]]:
-    """One forward (and, unless ``forward_only``, backward) pass of this rank's pipeline stage
-    over ``micro_batches``, scheduled by megatron-core.
+def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch.Tensor]],
+                 last_stage_fn: LastStageFn, loss_fn: StepLossFn | None = None,
+                 forward_only: bool = False) -> list[dict[str, Any]]:
+    """Forward (and, unless ``forward_only``, backward) of this rank's stage over
+    ``micro_batches`` with megatron-core's schedule (1F1B at PP > 1, plain accumulation at
+    PP = 1). Every stage calls it with the same micro-batches (dicts of ``input_ids``,
+    ``attention_mask``, ``position_ids``, ``[B, S]`` left-padded; at PP > 1 one ``B, S`` for
+    all). Inner stages run the decoder; the last stage calls ``last_stage_fn(module,
+    batch)`` for named outputs and ``loss_fn(index, outputs)`` for a scalar loss.
 
-    Every stage of the pipeline calls this with the same ``micro_batches``: dicts of
-    ``input_ids`` / ``attention_mask`` / ``position_ids``, all ``[B, S]`` with one ``B, S``
-    for every micro-batch (left-padded; the mask is 1 on tokens). Only the first stage reads
-    the token ids; all stages use the mask and positions.
-
-    On the last stage, micro-batch ``i`` gives ``log_probs [B, R]`` (``R = response_length``,
-    float32): the log-probability of tokens ``S-R .. S-1`` under the logits at positions
-    ``S-R-1 .. S-2`` divided by ``temperature``, as
-    :func:`siirl.engine.models.logprob.logprobs_from_logits` computes them. Then
-    ``loss_fn(i, log_probs)`` returns a scalar loss tensor. Gradients are those of the *sum*
-    of the micro-batch losses (normalise inside ``loss_fn``, e.g. by the token count of all
-    micro-batches); they accumulate into each stage's parameters' ``.grad`` (or megatron
-    DDP's ``main_grad``) as ``backward()`` would. With ``forward_only`` the pass runs under
-    ``torch.no_grad()``, and ``loss_fn`` may be ``None`` or return ``None``.
-
-    Returns, on the last stage, one dict per micro-batch, in order:
-    ``{"log_probs": [B, R] (detached), "loss": scalar (detached) or None}``; on other
-    stages an empty list.
+    Gradients are those of the *sum* of the losses (normalise inside ``loss_fn``); they
+    accumulate into ``.grad`` as ``backward()`` would. Returns, on the last stage, one dict
+    per micro-batch: the outputs detached, plus ``"loss"`` (detached, or None when
+    ``forward_only`` and ``loss_fn`` gives none); on other stages an empty list.
 
     With tied embeddings at PP > 1 the word-embedding gradient is summed between the first
     and last stage afterwards (what megatron's ``finalize_model_grads`` does), unless
@@ -77,9 +72,8 @@ def pipeline_logprob_step(model: torch.nn.Module,
     config = gpt.config
     if parallel_state.get_context_parallel_world_size() != 1:
         raise NotImplementedError("context parallelism is not supported")
-    batch_size, seq_len = _check_micro_batches(micro_batches)
-    if not 0 < response_length < seq_len:
-        raise ValueError(f"response_length={response_length} must be in [1, {seq_len - 1}]")
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    batch_size, seq_len = _check_micro_batches(micro_batches, equal_shapes=pp_size > 1)
     if not forward_only and loss_fn is None and gpt.post_process:
         raise ValueError("a loss_fn is needed unless forward_only")
     num_micro_batches = len(micro_batches)
@@ -87,33 +81,31 @@ def pipeline_logprob_step(model: torch.nn.Module,
 
     def forward_step(data_iterator, module):
         index, batch = next(data_iterator)
-        input_ids = batch["input_ids"]
-        attention_mask = batch["attention_mask"]
-        position_ids = batch["position_ids"]
         if not last_stage:  # hidden states [S, B, H] for the next stage
-            hidden = module(input_ids, position_ids, megatron_attention_mask(attention_mask))
+            hidden = module(batch["input_ids"], batch["position_ids"],
+                            megatron_attention_mask(batch["attention_mask"]))
             return hidden, None
-        logits = forward_logits(module, input_ids, position_ids, attention_mask)
+        outputs = last_stage_fn(module, batch)
 
-        def loss_func(output):
-            log_probs, _ = logprobs_from_logits(output, input_ids, response_length, temperature)
-            loss = loss_fn(index, log_probs) if loss_fn is not None else None
+        def loss_func(_output):
+            loss = loss_fn(index, outputs) if loss_fn is not None else None
             if loss is None:
                 if not forward_only:
                     raise ValueError(f"loss_fn returned None for micro-batch {index}")
-                reported, loss = None, log_probs.new_zeros(())
+                reported, loss = None, next(iter(outputs.values())).new_zeros(())
             else:
                 reported = loss.detach().clone()
-            result = {"log_probs": log_probs.detach(), "loss": reported}
+            result = {name: value.detach() for name, value in outputs.items()
+                      if value is not None}
+            result["loss"] = reported
             # megatron divides the returned loss by the number of micro-batches (its
             # "average over micro-batches" convention); undo that so the gradient is the
             # one of the sum of loss_fn's losses.
             return loss * num_micro_batches, result
 
-        return logits, loss_func
+        return next(iter(outputs.values())), loss_func
 
-    tied = (gpt.share_embeddings_and_output_weights
-            and parallel_state.get_pipeline_model_parallel_world_size() > 1
+    tied = (gpt.share_embeddings_and_output_weights and pp_size > 1
             and not forward_only and config.finalize_model_grads_func is None
             and parallel_state.is_rank_in_embedding_group())
     before = None
@@ -137,6 +129,46 @@ def pipeline_logprob_step(model: torch.nn.Module,
     if tied:
         _sum_tied_embedding_grad(gpt.shared_embedding_or_output_weight(), before)
     return list(outputs) if last_stage else []
+
+
+def logprob_head(response_length: int, temperature: float = 1.0,
+                 calculate_entropy: bool = False) -> LastStageFn:
+    """Last-stage outputs ``log_probs [B, R]`` (float32; and ``entropy [B, R]`` when asked)
+    of the response, as :func:`siirl.engine.models.logprob.logprobs_from_logits` computes
+    them from the stage's logits."""
+
+    def head(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        seq_len = batch["input_ids"].shape[1]
+        if not 0 < response_length < seq_len:
+            raise ValueError(f"response_length={response_length} must be in [1, {seq_len - 1}]")
+        logits = forward_logits(module, batch["input_ids"], batch["position_ids"],
+                                batch["attention_mask"])
+        log_probs, entropy = logprobs_from_logits(logits, batch["input_ids"], response_length,
+                                                  temperature, calculate_entropy)
+        return {"log_probs": log_probs, "entropy": entropy}
+
+    return head
+
+
+def pipeline_logprob_step(model: torch.nn.Module,
+                          micro_batches: Sequence[dict[str, torch.Tensor]],
+                          response_length: int, temperature: float = 1.0,
+                          loss_fn: LossFn | None = None,
+                          forward_only: bool = False) -> list[dict[str, Any]]:
+    """:func:`run_pipeline` with the log-prob head: on the last stage micro-batch ``i``
+    gives ``log_probs [B, R]`` (``R = response_length``): the log-probability of tokens
+    ``S-R .. S-1`` under the logits at ``S-R-1 .. S-2`` divided by ``temperature``; then
+    ``loss_fn(i, log_probs)`` returns a scalar loss. Returns, on the last stage,
+    ``{"log_probs", "loss"}`` per micro-batch; on other stages an empty list."""
+    seq_len = micro_batches[0]["input_ids"].shape[1] if micro_batches else 0
+    if micro_batches and not 0 < response_length < seq_len:
+        raise ValueError(f"response_length={response_length} must be in [1, {seq_len - 1}]")
+    step_loss = None
+    if loss_fn is not None:
+        def step_loss(index: int, outputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+            return loss_fn(index, outputs["log_probs"])
+    return run_pipeline(model, micro_batches, logprob_head(response_length, temperature),
+                        step_loss, forward_only)
 
 
 def _sum_tied_embedding_grad(weight: torch.nn.Parameter, before: torch.Tensor | None) -> None:

@@ -1,0 +1,67 @@
+"""What the megatron actor and critic need to know about pipeline stages: which stage this
+rank is, how batches become the schedule's micro-batches, and how results computed on the
+last stage reach the other stages (every worker of a pipeline hands the same rows on, so
+every stage must hold the log-probs, values and metrics the last one computed)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+_SCHEDULE_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class PipelineStages:
+    """This rank's place in megatron's pipeline (a trivial pipeline of one stage at PP=1)."""
+
+    def __init__(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.size = ps.get_pipeline_model_parallel_world_size()
+        self.rank = ps.get_pipeline_model_parallel_rank()
+        self.group = ps.get_pipeline_model_parallel_group() if self.size > 1 else None
+        self.is_first = self.rank == 0
+        self.is_last = self.rank == self.size - 1
+        self.last_global_rank = (ps.get_pipeline_model_parallel_last_rank()
+                                 if self.size > 1 else None)
+
+    def global_rank(self, stage: int) -> int:
+        return dist.get_global_rank(self.group, stage)
+
+    def micro_batches(self, data: Any, rows: int, device: torch.device
+                      ) -> List[Dict[str, torch.Tensor]]:
+        """``data`` split into micro-batches of ``rows`` rows as the schedule's dicts. At
+        PP > 1 activations between stages have one shape, so a short last micro-batch is
+        filled up with copies of its last row (callers drop those rows' results)."""
+        total = data.batch_size[0]
+        out = []
+        for start in range(0, total, rows):
+            micro = {key: data[key][start:start + rows].to(device) for key in _SCHEDULE_KEYS}
+            short = rows - micro["input_ids"].shape[0]
+            if short and self.size > 1:
+                micro = {key: torch.cat([value, value[-1:].expand(short, -1)])
+                         for key, value in micro.items()}
+            out.append(micro)
+        return out
+
+    def broadcast_rows(self, tensor: Optional[torch.Tensor], shape: tuple,
+                       device: torch.device) -> torch.Tensor:
+        """The last stage's fp32 ``tensor`` of ``shape`` on every stage."""
+        if self.size == 1:
+            return tensor
+        if not self.is_last:
+            tensor = torch.empty(shape, dtype=torch.float32, device=device)
+        tensor = tensor.to(device).contiguous()
+        dist.broadcast(tensor, src=self.last_global_rank, group=self.group)
+        return tensor
+
+    def broadcast_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        """The last stage's metrics on every stage; values that every stage computed (the
+        grad norm, the skip count, the lr) are equal on all stages anyway."""
+        if self.size == 1:
+            return metrics
+        holder = [metrics if self.is_last else None]
+        dist.broadcast_object_list(holder, src=self.last_global_rank, group=self.group)
+        return holder[0]
