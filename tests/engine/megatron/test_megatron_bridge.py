@@ -141,9 +141,12 @@ def gloo_world_of_one():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
-def test_round_trip_is_bit_exact(family, tp, pp):
-    model = tiny_hf_model(family, num_layers=4)
+@pytest.mark.parametrize("tp,pp,layers", [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4),
+                                           (1, 2, 3), (2, 3, 7)])
+def test_round_trip_is_bit_exact(family, tp, pp, layers):
+    """Uneven splits (3 layers on 2 stages, 7 on 3) put the remainder on the first and last
+    stage, as megatron's num_layers_in_first/last_pipeline_stage do."""
+    model = tiny_hf_model(family, num_layers=layers)
     config, state = model.config, model.state_dict()
     back = {}
     for pp_rank in range(pp):
@@ -155,6 +158,19 @@ def test_round_trip_is_bit_exact(family, tp, pp):
     assert sorted(back) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(back[name], tensor), name
+
+
+def test_stage_layer_counts_follow_megatron_offsets():
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from siirl.engine.megatron.bridge import layer_range
+    from siirl.engine.megatron.model import transformer_config_from_hf
+
+    for layers, pp in ((3, 2), (7, 3), (10, 4), (8, 4)):
+        config = transformer_config_from_hf(tiny_config("llama", layers), pp=pp)
+        for rank in range(pp):
+            assert layer_range(layers, rank, pp).start == get_transformer_layer_offset(
+                config, pp_rank=rank), (layers, pp, rank)
 
 
 def test_shard_layouts():

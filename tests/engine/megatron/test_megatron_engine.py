@@ -35,6 +35,20 @@ def steps(run_dir):
                                       .read_text().splitlines()) if "actor/pg_loss" in r}
 
 
+def ray_workers(n):
+    """Overrides and environment for ``n`` Ray CPU workers on this machine."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    return ["trainer.device=cpu", f"trainer.n_gpus_per_node={n}", "trainer.ray_address=local",
+            f"trainer.ray_temp_dir={tempfile.mkdtemp(prefix='ray', dir='/tmp')}"], env
+
+
+def assert_close_steps(got, want, keys, steps_=(1, 2)):
+    for step in steps_:
+        for key in keys:
+            assert abs(got[step][key] - want[step][key]) <= 1e-5 * max(1.0, abs(want[step][key])), \
+                (step, key, got[step][key], want[step][key])
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("fsdp")
@@ -62,16 +76,11 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
     """Two Ray CPU workers form one TP group: both read the same rows (the DataBuffer moves
     the rollout's rows to them), each holds half of every layer; loss and gradient norm
     equal the 1-worker fsdp run's."""
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    overrides, env = ray_workers(2)
     train(tmp_path, *MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-          "trainer.device=cpu", "trainer.n_gpus_per_node=2", "trainer.ray_address=local",
-          f"trainer.ray_temp_dir={tempfile.mkdtemp(prefix='ray', dir='/tmp')}",
-          "trainer.total_training_steps=2", "trainer.save_freq=2", env=env)
-    got = steps(tmp_path)
-    for step in (1, 2):
-        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
-            want = fsdp_run[step][key]
-            assert abs(got[step][key] - want) <= 1e-5 * max(1.0, abs(want)), (step, key)
+          *overrides, "trainer.total_training_steps=2", "trainer.save_freq=2", env=env)
+    assert_close_steps(steps(tmp_path), fsdp_run,
+                       ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"))
     ckpt = tmp_path / "global_step_2" / "actor"
     assert (ckpt / "optimizer.tp0.pt").is_file() and (ckpt / "optimizer.tp1.pt").is_file()
     # the TP 2 checkpoint resumes on one worker at TP 1: dist_checkpointing reshards
@@ -83,23 +92,61 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
     assert "optimizer starts fresh" in proc.stderr
 
 
-def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path):
+PPO = ["algorithm.adv_estimator=gae", "trainer.total_training_steps=2", "trainer.save_freq=2"]
+PPO_KEYS = ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "actor/grad_norm",
+            "actor/pg_loss")
+
+
+@pytest.fixture(scope="module")
+def fsdp_ppo_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("fsdp_ppo")
+    train(run, *PPO)
+    return steps(run)
+
+
+def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path, fsdp_ppo_run):
     """PPO with actor, reference and critic on megatron equals PPO on fsdp (the critic's
     value head has the same seeded start); its checkpoint holds the GPTModel in
     dist_checkpointing form and the replicated value head beside it."""
-    runs = {}
-    for strategy in ("fsdp", "megatron"):
-        runs[strategy] = tmp_path / strategy
-        train(runs[strategy], "algorithm.adv_estimator=gae",
-              f"actor_rollout_ref.actor.strategy={strategy}", f"critic.strategy={strategy}",
-              "trainer.total_training_steps=2", "trainer.save_freq=2")
-    a, b = steps(runs["fsdp"]), steps(runs["megatron"])
-    for step in (1, 2):
-        for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean",
-                    "actor/grad_norm", "actor/pg_loss"):
-            assert abs(a[step][key] - b[step][key]) <= 1e-5 * max(1.0, abs(a[step][key])), key
-    critic = runs["megatron"] / "global_step_2" / "critic"
+    run = tmp_path / "megatron"
+    train(run, *PPO, *MEGATRON, "critic.strategy=megatron")
+    assert_close_steps(steps(run), fsdp_ppo_run, PPO_KEYS)
+    critic = run / "global_step_2" / "critic"
     assert (critic / "dist_ckpt").is_dir() and (critic / "replicated_modules.pt").is_file()
+
+
+def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path,
+                                                                            fsdp_run):
+    """Two Ray CPU workers form one pipeline (the built-in model's 3 layers split 2 + 1):
+    megatron's 1F1B schedule over two micro-batches, the PPO loss on the last stage,
+    log-probs broadcast back; loss and grad norm equal the 1-worker fsdp run's, the
+    rollout (which needs every layer on every worker) gets both stages' weights, and the
+    checkpoint resumes on one worker at PP 1."""
+    overrides, env = ray_workers(2)
+    train(tmp_path, *MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *overrides,
+          "trainer.total_training_steps=2", "trainer.save_freq=2", env=env)
+    assert_close_steps(steps(tmp_path), fsdp_run,
+                       ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"))
+    ckpt = tmp_path / "global_step_2" / "actor"
+    assert (ckpt / "optimizer.pp0.pt").is_file() and (ckpt / "optimizer.pp1.pt").is_file()
+    single = tmp_path / "single"
+    proc = train(single, *MEGATRON, "trainer.total_training_steps=3", "trainer.save_freq=-1",
+                 "trainer.resume_mode=resume_path",
+                 f"trainer.resume_from_path={tmp_path / 'global_step_2'}")
+    assert sorted(steps(single)) == [3]
+    assert "optimizer starts fresh" in proc.stderr
+
+
+def test_ppo_with_pipeline_parallel_critic_trains_like_fsdp(tmp_path, fsdp_ppo_run):
+    """Actor, reference and critic all at PP 2 on two workers: the critic's value head runs
+    on the last stage; PPO equals the 1-worker fsdp run."""
+    overrides, env = ray_workers(2)
+    train(tmp_path, *PPO, *MEGATRON, "critic.strategy=megatron",
+          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", *overrides, env=env)
+    assert_close_steps(steps(tmp_path), fsdp_ppo_run, PPO_KEYS)
+    critic = tmp_path / "global_step_2" / "critic"
+    assert (critic / "replicated_modules.pt").is_file()
 
 
 def test_megatron_without_the_extra_names_the_pip_line(tmp_path):

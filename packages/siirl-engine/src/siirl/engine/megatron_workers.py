@@ -114,9 +114,9 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> tor
 
     layers = int(hf_model.config.num_hidden_layers)
     pp = parallel_state.get_pipeline_model_parallel_world_size()
-    if layers % pp:
+    if layers < pp:
         raise ConfigError(f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp} "
-                          f"must divide the model's {layers} layers")
+                          f"exceeds the model's {layers} layers (each stage needs one)")
     model = build_gpt_model(hf_model.config,
                             pre_process=parallel_state.is_pipeline_first_stage(),
                             post_process=parallel_state.is_pipeline_last_stage())

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import has_qkv_bias, head_dim, padded_vocab_size, unwrap_model
+from .model import has_qkv_bias, head_dim, padded_vocab_size, stage_layer_counts, unwrap_model
 
 __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
-           "megatron_to_hf", "stage_entries"]
+           "megatron_to_hf", "stage_entries", "stage_layer_counts"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,9 @@ class Entry:
 
 
 def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
-    if num_layers % pp_size:
-        raise ValueError(f"{num_layers} layers do not split evenly over {pp_size} PP stages")
-    per_stage = num_layers // pp_size
-    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+    counts = stage_layer_counts(num_layers, pp_size)
+    start = sum(counts[:pp_rank])
+    return range(start, start + counts[pp_rank])
 
 
 def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,

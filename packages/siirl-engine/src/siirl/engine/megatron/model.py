@@ -76,6 +76,19 @@ def hf_inv_freq(hf_config) -> torch.Tensor:
     return rotary.inv_freq.detach().float().cpu().clone()
 
 
+def stage_layer_counts(num_layers: int, pp_size: int) -> list[int]:
+    """Decoder layers per pipeline stage: an even split, or, when ``pp_size`` does not divide
+    ``num_layers``, equal middle stages with the remainder on the first and last stage (the
+    only uneven split megatron builds: ``num_layers_in_first/last_pipeline_stage``)."""
+    per_stage, extra = divmod(num_layers, pp_size)
+    if per_stage == 0 or (extra and pp_size == 1):
+        raise ValueError(f"{num_layers} layers cannot fill {pp_size} pipeline stages")
+    counts = [per_stage] * pp_size
+    counts[0] += extra - extra // 2
+    counts[-1] += extra // 2
+    return counts
+
+
 def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, cp: int = 1,
                                sequence_parallel: bool = False,
                                params_dtype: torch.dtype = torch.float32,
@@ -122,6 +135,10 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, cp: int = 1,
         gradient_accumulation_fusion=False,
         cuda_graph_scope=[],  # what megatron's default "full" becomes, minus its warning
     )
+    if pp > 1 and hf_config.num_hidden_layers % pp:
+        counts = stage_layer_counts(hf_config.num_hidden_layers, pp)
+        kwargs.update(num_layers_in_first_pipeline_stage=counts[0],
+                      num_layers_in_last_pipeline_stage=counts[-1])
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
