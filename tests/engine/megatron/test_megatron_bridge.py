@@ -93,13 +93,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_megatron(tp: int, pp: int, seed: int = 1) -> None:
+def init_megatron(tp: int, pp: int, seed: int = 1, vpp: int = 1) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
 
     enable_cpu_mode()
-    parallel_state.initialize_model_parallel(tp, pp)
+    parallel_state.initialize_model_parallel(
+        tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 

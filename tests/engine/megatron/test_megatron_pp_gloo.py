@@ -45,14 +45,18 @@ def _batch(vocab_size: int, seed: int = 3):
 def _check_family(family: str, rank: int) -> None:
     import torch.distributed as dist
 
-    from siirl.engine.megatron.bridge import load_hf_weights, megatron_to_hf
-    from siirl.engine.megatron.model import build_gpt_model
+    from siirl.engine.megatron.bridge import megatron_to_hf
+    from siirl.engine.megatron.chunks import model_chunks, stage_of
     from siirl.engine.megatron.pipeline import pipeline_logprob_step
+    from siirl.engine.megatron_workers import build_megatron_model
     from siirl.engine.models.logprob import logprobs_from_logits
 
     hf = tiny_hf_model(family, num_layers=4)
-    stage = build_gpt_model(hf.config, pre_process=rank == 0, post_process=rank == 1)
-    load_hf_weights(stage, hf.state_dict(), hf.config)
+    stage = build_megatron_model(hf, torch.device("cpu"))  # with VPP: this rank's chunks
+    from megatron.core import parallel_state
+
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+    assert len(model_chunks(stage)) == vpp
 
     input_ids, attention_mask, position_ids = _batch(hf.config.vocab_size)
     rows = input_ids.shape[0] // MICRO
@@ -77,6 +81,13 @@ def _check_family(family: str, rank: int) -> None:
     else:
         assert out == []
     assert all(p.grad is None for p in stage.parameters())
+    # one micro-batch of all rows (the interleaved schedule pads it to a group of PP)
+    whole = [{"input_ids": input_ids, "attention_mask": attention_mask,
+              "position_ids": position_ids}]
+    out = pipeline_logprob_step(stage, whole, RESPONSE, 1.0, None, forward_only=True)
+    if rank == 1:
+        assert len(out) == 1
+        assert (out[0]["log_probs"] - ref_log_probs.detach()).abs().max().item() < 1e-5
 
     def loss_fn(index: int, log_probs: torch.Tensor) -> torch.Tensor:
         mask = response_mask[index * rows:(index + 1) * rows]
@@ -88,9 +99,12 @@ def _check_family(family: str, rank: int) -> None:
         total = sum(o["loss"] for o in out)
         ref_loss = -(ref_log_probs * response_mask).sum() / tokens
         assert abs(total.item() - ref_loss.item()) < 1e-5
-    grads = {name: param.grad for name, param in stage.named_parameters()}
-    assert all(grad is not None for grad in grads.values()), family
-    hf_grads = megatron_to_hf([grads], hf.config, pp_rank=rank, pp_size=2)
+    hf_grads = {}
+    for index, chunk in enumerate(model_chunks(stage)):
+        grads = {name: param.grad for name, param in chunk.named_parameters()}
+        assert all(grad is not None for grad in grads.values()), family
+        pp_rank, pp_size = stage_of(stage, index)
+        hf_grads.update(megatron_to_hf([grads], hf.config, pp_rank=pp_rank, pp_size=pp_size))
     params = dict(hf.named_parameters())
     for name, grad in hf_grads.items():
         torch.testing.assert_close(grad, params[name].grad, atol=1e-5, rtol=1e-4,
@@ -100,7 +114,7 @@ def _check_family(family: str, rank: int) -> None:
     assert sorted(per_stage[0] + per_stage[1]) == sorted(expected_hf(hf)), family
 
 
-def rank_main(rank: int, world_size: int, port: int) -> None:
+def rank_main(rank: int, world_size: int, port: int, vpp: int) -> None:
     import datetime
     import warnings
 
@@ -111,7 +125,7 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    init_megatron(tp=1, pp=2)
+    init_megatron(tp=1, pp=2, vpp=vpp)
     for family in ("llama", "qwen2"):
         _check_family(family, rank)
     parallel_state.destroy_model_parallel()
@@ -119,8 +133,11 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
     dist.destroy_process_group()
 
 
-def test_pp2_training_step_over_gloo_matches_hf():
-    context = mp.start_processes(rank_main, args=(2, free_port()), nprocs=2, join=False,
+@pytest.mark.parametrize("vpp", [1, 2], ids=["pp2", "pp2-vpp2"])
+def test_pp2_training_step_over_gloo_matches_hf(vpp):
+    """vpp=2: each rank holds two chunks of one layer (rank 0: layers 0 and 2), megatron's
+    interleaved 1F1B schedule runs them."""
+    context = mp.start_processes(rank_main, args=(2, free_port(), vpp), nprocs=2, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + 120
     while not context.join(timeout=1):

@@ -46,7 +46,7 @@ from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                  "context_parallel_size")
+                  "context_parallel_size", "virtual_pipeline_model_parallel_size")
 SYNC_BUCKET_BYTES = 64 << 20
 
 
@@ -83,6 +83,10 @@ def _init_megatron(config: Any, prefix: str) -> None:
 
     sizes = parallel_sizes(config, prefix)
     tp, pp = sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"]
+    vpp = sizes["virtual_pipeline_model_parallel_size"]
+    if vpp > 1 and pp == 1:
+        raise ConfigError(f"{prefix}.megatron.virtual_pipeline_model_parallel_size={vpp} needs "
+                          "pipeline_model_parallel_size > 1")
     if sizes["context_parallel_size"] != 1:
         raise ConfigError(
             f"{prefix}.megatron.context_parallel_size={sizes['context_parallel_size']}: "
@@ -97,7 +101,9 @@ def _init_megatron(config: Any, prefix: str) -> None:
                           f"pipeline_model_parallel_size={pp} must divide the number of "
                           f"workers ({dist.get_world_size()})")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp, pp, order=RANK_ORDER)
+        parallel_state.initialize_model_parallel(
+            tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+            order=RANK_ORDER)
         tensor_parallel.model_parallel_cuda_manual_seed(_seed(config))
     elif (parallel_state.get_tensor_model_parallel_world_size(),
           parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
@@ -106,22 +112,41 @@ def _init_megatron(config: Any, prefix: str) -> None:
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights."""
-    from megatron.core import parallel_state
+    """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
+    virtual pipeline stages: its chunks, as one ModelChunks module)."""
+    from megatron.core import parallel_state as ps
 
     from siirl.engine.megatron.bridge import load_hf_weights
+    from siirl.engine.megatron.chunks import ModelChunks
     from siirl.engine.megatron.model import build_gpt_model
 
     layers = int(hf_model.config.num_hidden_layers)
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    key = "actor_rollout_ref.actor.megatron"
     if layers < pp:
-        raise ConfigError(f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp} "
-                          f"exceeds the model's {layers} layers (each stage needs one)")
-    model = build_gpt_model(hf_model.config,
-                            pre_process=parallel_state.is_pipeline_first_stage(),
-                            post_process=parallel_state.is_pipeline_last_stage())
-    load_hf_weights(model, hf_model.state_dict(), hf_model.config)
-    return model.to(device)
+        raise ConfigError(f"{key}.pipeline_model_parallel_size={pp} exceeds the model's "
+                          f"{layers} layers (each stage needs one)")
+    if vpp == 1:
+        model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
+                                post_process=ps.is_pipeline_last_stage())
+        load_hf_weights(model, hf_model.state_dict(), hf_model.config)
+        return model.to(device)
+    if layers % (pp * vpp):
+        raise ConfigError(f"{key}: pipeline_model_parallel_size={pp} x "
+                          f"virtual_pipeline_model_parallel_size={vpp} must divide the model's "
+                          f"{layers} layers")
+    chunks = ModelChunks([
+        build_gpt_model(hf_model.config,
+                        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=c),
+                        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=c),
+                        vp_stage=c)
+        for c in range(vpp)])
+    for c, chunk in enumerate(chunks):
+        stage, stages = chunks.virtual_stage(c)
+        load_hf_weights(chunk, hf_model.state_dict(), hf_model.config, pp_rank=stage,
+                        pp_size=stages)
+    return chunks.to(device)
 
 
 def megatron_logprobs(model, input_ids, attention_mask, position_ids, response_length,
@@ -249,10 +274,13 @@ class MegatronBackbone(torch.nn.Module):
     (after the final norm; read off the decoder, the LM head's logits are not used)."""
 
     def __init__(self, gpt: torch.nn.Module):
+        from siirl.engine.megatron.chunks import model_chunks
+
         super().__init__()
-        self.gpt = gpt
+        self.gpt = gpt  # all of this rank's chunks: the critic's optimizer trains them all
+        self._last = model_chunks(gpt)[-1]  # the chunk whose decoder ends the model
         self._hidden = None
-        gpt.decoder.register_forward_hook(self._keep)
+        self._last.decoder.register_forward_hook(self._keep)
 
     def _keep(self, module, inputs, output) -> None:
         self._hidden = output
@@ -260,7 +288,7 @@ class MegatronBackbone(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
         from siirl.engine.megatron.model import forward_logits
 
-        forward_logits(self.gpt, input_ids, position_ids, attention_mask)
+        forward_logits(self._last, input_ids, position_ids, attention_mask)
         hidden, self._hidden = self._hidden, None
         return hidden.transpose(0, 1)  # megatron's [S, B, H] -> [B, S, H]
 

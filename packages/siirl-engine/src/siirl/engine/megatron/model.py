@@ -191,7 +191,8 @@ class HFPositionGPTModel(GPTModel):
 
 def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = True,
                     config: TransformerConfig | None = None, use_te: bool | None = None,
-                    vocab_divisible_by: int = 1, **config_kwargs: Any) -> HFPositionGPTModel:
+                    vocab_divisible_by: int = 1, vp_stage: int | None = None,
+                    **config_kwargs: Any) -> HFPositionGPTModel:
     """One pipeline stage of the megatron model for ``hf_config``.
 
     Model-parallel state must be initialised (``parallel_state.initialize_model_parallel``);
@@ -201,6 +202,9 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
     if config is None:
         config_kwargs.setdefault("tp", parallel_state.get_tensor_model_parallel_world_size())
         config_kwargs.setdefault("pp", parallel_state.get_pipeline_model_parallel_world_size())
+        vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+        if vpp is not None and vpp > 1:
+            config_kwargs.setdefault("virtual_pipeline_model_parallel_size", vpp)
         config = transformer_config_from_hf(hf_config, **config_kwargs)
     _check_supported(hf_config)
     model = HFPositionGPTModel(
@@ -215,6 +219,7 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
                                                          False)),
         position_embedding_type="rope",
         rotary_base=int(_rope_theta(hf_config)),
+        vp_stage=vp_stage,
     )
     inv_freq = hf_inv_freq(hf_config).to(model.rotary_pos_emb.inv_freq.device)
     model.rotary_pos_emb.inv_freq = inv_freq

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.model import forward_logits, megatron_attention_mask, unwrap_model
 from siirl.engine.models.logprob import logprobs_from_logits
 
@@ -68,26 +69,31 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    gpt = unwrap_model(model)
-    config = gpt.config
+    chunks = [unwrap_model(chunk) for chunk in model_chunks(model)]
+    config = chunks[0].config
     if parallel_state.get_context_parallel_world_size() != 1:
         raise NotImplementedError("context parallelism is not supported")
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     batch_size, seq_len = _check_micro_batches(micro_batches, equal_shapes=pp_size > 1)
-    if not forward_only and loss_fn is None and gpt.post_process:
+    last_stage = parallel_state.is_pipeline_last_stage()
+    if not forward_only and loss_fn is None and last_stage:
         raise ValueError("a loss_fn is needed unless forward_only")
+    num_real = len(micro_batches)
+    micro_batches = _pad_for_interleaving(list(micro_batches), len(chunks), pp_size)
     num_micro_batches = len(micro_batches)
-    last_stage = gpt.post_process
 
     def forward_step(data_iterator, module):
         index, batch = next(data_iterator)
-        if not last_stage:  # hidden states [S, B, H] for the next stage
+        if not unwrap_model(module).post_process:  # hidden states [S, B, H] onwards
             hidden = module(batch["input_ids"], batch["position_ids"],
                             megatron_attention_mask(batch["attention_mask"]))
             return hidden, None
         outputs = last_stage_fn(module, batch)
 
         def loss_func(_output):
+            if index >= num_real:  # filler for the interleaved schedule: no gradient
+                first = next(iter(outputs.values()))
+                return first.sum() * 0.0, {}
             loss = loss_fn(index, outputs) if loss_fn is not None else None
             if loss is None:
                 if not forward_only:
@@ -105,30 +111,50 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
 
         return next(iter(outputs.values())), loss_func
 
-    tied = (gpt.share_embeddings_and_output_weights and pp_size > 1
-            and not forward_only and config.finalize_model_grads_func is None
-            and parallel_state.is_rank_in_embedding_group())
+    tied_weight = _tied_embedding(chunks, pp_size, forward_only, config)
     before = None
-    if tied:
-        weight = gpt.shared_embedding_or_output_weight()
-        before = None if weight.grad is None else weight.grad.detach().clone()
+    if tied_weight is not None and tied_weight.grad is not None:
+        before = tied_weight.grad.detach().clone()
 
     forward_backward = get_forward_backward_func()
     grad_context = torch.no_grad() if forward_only else contextlib.nullcontext()
+    iterators = [iter(enumerate(micro_batches)) for _ in chunks]
     with grad_context:
         outputs = forward_backward(
             forward_step_func=forward_step,
-            data_iterator=iter(enumerate(micro_batches)),
-            model=[model],
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=model_chunks(model),
             num_microbatches=num_micro_batches,
             seq_length=seq_len,
             micro_batch_size=batch_size,
             forward_only=forward_only,
         )
 
-    if tied:
-        _sum_tied_embedding_grad(gpt.shared_embedding_or_output_weight(), before)
-    return list(outputs) if last_stage else []
+    if tied_weight is not None:
+        _sum_tied_embedding_grad(tied_weight, before)
+    return list(outputs)[:num_real] if last_stage else []
+
+
+def _pad_for_interleaving(micro_batches: list, num_chunks: int, pp_size: int) -> list:
+    """The interleaved schedule runs micro-batches in groups of ``pp_size``: fill the list
+    up to a multiple of it with copies of the last micro-batch (their losses are zero)."""
+    if num_chunks == 1:
+        return micro_batches
+    short = -len(micro_batches) % pp_size
+    return micro_batches + [micro_batches[-1]] * short
+
+
+def _tied_embedding(chunks: list, pp_size: int, forward_only: bool, config: Any):
+    """The copy of the tied word embedding this rank holds when its gradient must be summed
+    with the other copy's (first and last stage at PP > 1), else None."""
+    if (pp_size == 1 or forward_only or config.finalize_model_grads_func is not None
+            or not parallel_state.is_rank_in_embedding_group()):
+        return None
+    for chunk in chunks:
+        if chunk.share_embeddings_and_output_weights and (chunk.pre_process
+                                                          or chunk.post_process):
+            return chunk.shared_embedding_or_output_weight()
+    return None
 
 
 def logprob_head(response_length: int, temperature: float = 1.0,

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from siirl.engine.megatron.bridge import iter_hf_weights
+from siirl.engine.megatron.chunks import model_chunks, stage_of
 from siirl.engine.megatron.stages import PipelineStages
 
 Bucket = list[tuple[str, torch.Tensor]]
@@ -26,19 +27,28 @@ def iter_pipeline_hf_weights(model: torch.nn.Module, hf_config: Any, bucket_byte
                              ) -> Iterator[Bucket]:
     stages = stages or PipelineStages()
     if stages.size == 1:
-        yield from iter_hf_weights(model, hf_config, bucket_bytes, tp_group=tp_group)
+        yield from _own_buckets(model, hf_config, bucket_bytes, tp_group)
         return
     device = next(model.parameters()).device
     for stage in range(stages.size):
         src = stages.global_rank(stage)
         if stage == stages.rank:
-            for bucket in iter_hf_weights(model, hf_config, bucket_bytes, tp_group=tp_group):
+            for bucket in _own_buckets(model, hf_config, bucket_bytes, tp_group):
                 _send(bucket, src, stages.group)
                 yield bucket
             _send(None, src, stages.group)
         else:
             while (bucket := _receive(src, stages.group, device)) is not None:
                 yield bucket
+
+
+def _own_buckets(model: torch.nn.Module, hf_config: Any, bucket_bytes: int,
+                 tp_group: Any) -> Iterator[Bucket]:
+    """The HF tensors of this rank's stage (all its virtual-pipeline chunks)."""
+    for index, chunk in enumerate(model_chunks(model)):
+        stage, stages = stage_of(model, index)
+        yield from iter_hf_weights(chunk, hf_config, bucket_bytes, tp_group=tp_group,
+                                   pp_rank=stage, pp_size=stages)
 
 
 def _send(bucket: Bucket | None, src: int, group: Any) -> None:
