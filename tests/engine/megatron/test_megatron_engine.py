@@ -138,12 +138,17 @@ def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_
     assert "optimizer starts fresh" in proc.stderr
 
 
-def test_ppo_with_pipeline_parallel_critic_trains_like_fsdp(tmp_path, fsdp_ppo_run):
-    """Actor, reference and critic all at PP 2 on two workers: the critic's value head runs
-    on the last stage; PPO equals the 1-worker fsdp run."""
+@pytest.mark.parametrize("layout", [
+    ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
+    ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+     "actor_rollout_ref.actor.megatron.sequence_parallel=true"],
+], ids=["pp2", "tp2-sequence-parallel"])
+def test_ppo_on_two_workers_trains_like_fsdp(tmp_path, fsdp_ppo_run, layout):
+    """Actor, reference and critic on two workers: at PP 2 the critic's value head runs on
+    the last stage; at TP 2 with sequence parallelism each rank normalises half of every
+    (left-padded to even) sequence. PPO equals the 1-worker fsdp run either way."""
     overrides, env = ray_workers(2)
-    train(tmp_path, *PPO, *MEGATRON, "critic.strategy=megatron",
-          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", *overrides, env=env)
+    train(tmp_path, *PPO, *MEGATRON, "critic.strategy=megatron", *layout, *overrides, env=env)
     assert_close_steps(steps(tmp_path), fsdp_ppo_run, PPO_KEYS)
     critic = tmp_path / "global_step_2" / "critic"
     assert (critic / "replicated_modules.pt").is_file()

@@ -35,14 +35,18 @@ from test_megatron_bridge import (  # noqa: E402
 BOUND = 20_000  # bytes per bucket; the embedding and head (~26 kB) get buckets of their own
 
 
-def _tp2_checks(family: str) -> None:
+def _tp2_checks(family: str, sequence_parallel: bool = False) -> None:
+    """With sequence_parallel the norms and residuals see half of the (10-token) sequence
+    on each rank; the norm weights' gradients are summed over TP afterwards."""
     import torch.distributed as dist
+    from megatron.core import parallel_state
 
     from siirl.engine.megatron.bridge import iter_hf_weights, load_hf_weights, megatron_to_hf
     from siirl.engine.megatron.model import build_gpt_model, forward_logits
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
     hf = tiny_hf_model(family)
-    megatron = build_gpt_model(hf.config)  # TP=2 from parallel_state
+    megatron = build_gpt_model(hf.config, sequence_parallel=sequence_parallel)  # TP=2
     load_hf_weights(megatron, hf.state_dict(), hf.config)
     input_ids, attention_mask, position_ids = left_padded_batch(hf.config.vocab_size)
     logits = forward_logits(megatron, input_ids, position_ids, attention_mask)
@@ -56,6 +60,13 @@ def _tp2_checks(family: str) -> None:
 
     token_loss(logits, input_ids, attention_mask).backward()
     token_loss(ref, input_ids, attention_mask).backward()
+    marked = [p for p in megatron.parameters() if getattr(p, "sequence_parallel", False)]
+    assert bool(marked) == sequence_parallel
+    if sequence_parallel:  # before the sum, each rank's norm gradient is a partial one
+        partial = marked[0].grad.clone()
+    sum_sequence_parallel_grads(megatron, parallel_state.get_tensor_model_parallel_group())
+    if sequence_parallel:
+        assert not torch.allclose(partial, marked[0].grad)
     local = {n: p.grad for n, p in megatron.named_parameters()}
     shards = [{} for _ in range(dist.get_world_size())]
     for name, grad in local.items():  # TP group == world here
@@ -123,6 +134,7 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
     init_megatron(tp=2, pp=1)
     for family in ("llama", "qwen2"):
         _tp2_checks(family)
+    _tp2_checks("qwen2", sequence_parallel=True)
     parallel_state.destroy_model_parallel()
     init_megatron(tp=1, pp=2)
     _pp2_checks(rank)

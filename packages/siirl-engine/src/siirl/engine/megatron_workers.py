@@ -111,7 +111,8 @@ def _init_megatron(config: Any, prefix: str) -> None:
                           "actor's megatron state was built with")
 
 
-def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
+                         sequence_parallel: bool = False) -> torch.nn.Module:
     """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
     virtual pipeline stages: its chunks, as one ModelChunks module)."""
     from megatron.core import parallel_state as ps
@@ -129,7 +130,8 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> tor
                           f"{layers} layers (each stage needs one)")
     if vpp == 1:
         model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
-                                post_process=ps.is_pipeline_last_stage())
+                                post_process=ps.is_pipeline_last_stage(),
+                                sequence_parallel=sequence_parallel)
         load_hf_weights(model, hf_model.state_dict(), hf_model.config)
         return model.to(device)
     if layers % (pp * vpp):
@@ -140,7 +142,7 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device) -> tor
         build_gpt_model(hf_model.config,
                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=c),
                         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=c),
-                        vp_stage=c)
+                        vp_stage=c, sequence_parallel=sequence_parallel)
         for c in range(vpp)])
     for c, chunk in enumerate(chunks):
         stage, stages = chunks.virtual_stage(c)
@@ -160,11 +162,24 @@ def megatron_logprobs(model, input_ids, attention_mask, position_ids, response_l
                                 calculate_entropy)
 
 
-def _grad_averager(module: torch.nn.Module, group: Any, world_size: int):
-    if world_size <= 1:
+def sequence_parallel(config: Any) -> bool:
+    """``megatron.sequence_parallel`` where it applies (it needs tensor parallelism)."""
+    return (bool(select(config, f"{ACTOR}.megatron.sequence_parallel", False))
+            and parallel_sizes(config, ACTOR)["tensor_model_parallel_size"] > 1)
+
+
+def _grad_averager(module: torch.nn.Module, group: Any, world_size: int, tp_group: Any = None):
+    """Gradient sync after the backward: sequence-parallel norm weights summed over TP,
+    then everything averaged over data parallelism."""
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
+
+    if world_size <= 1 and tp_group is None:
         return None
 
     def average() -> None:
+        sum_sequence_parallel_grads(module, tp_group)
+        if world_size <= 1:
+            return
         for param in module.parameters():
             if param.grad is not None:
                 torch.distributed.all_reduce(param.grad, group=group)
@@ -193,7 +208,7 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
         device = _device(config)
         hf_model, self.tokenizer = _load_model(config)
         self.module = hf_model.to(device)
-        self.megatron_model = build_megatron_model(hf_model, device)
+        self.megatron_model = build_megatron_model(hf_model, device, sequence_parallel(config))
         self.group = parallel_state.get_data_parallel_group() if self.world_size > 1 else None
         self.sharded = False  # no FSDP: megatron shards by tensor parallelism only
         self.initial_module = copy.deepcopy(hf_model) if self.world_size > 1 else None
@@ -214,7 +229,8 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
             seed=_seed(config), group=self.group,
             log_prob_micro_batch_size=select(config,
                                              f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
-            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size),
+            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size,
+                                      self.tp_group),
             tp_group=self.tp_group)
 
     def update_policy(self, batch: Any) -> NodeOutput:
@@ -258,7 +274,7 @@ class MegatronReferenceEngine(ReferenceEngine):
         _init_megatron(config, ACTOR)
         hf_model = ReferenceEngine._initial_module(config, worker) if worker is not None \
             else _load_model(config)[0]
-        model = build_megatron_model(hf_model, _device(config))
+        model = build_megatron_model(hf_model, _device(config), sequence_parallel(config))
         model.requires_grad_(False)
         model.eval()
         micro = (select(config, f"{REF}.log_prob_micro_batch_size_per_gpu")
@@ -287,9 +303,10 @@ class MegatronBackbone(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
         from siirl.engine.megatron.model import forward_logits
+        from siirl.engine.megatron.sequence_parallel import gather_sequence
 
         forward_logits(self._last, input_ids, position_ids, attention_mask)
-        hidden, self._hidden = self._hidden, None
+        hidden, self._hidden = gather_sequence(self._hidden, self._last.config), None
         return hidden.transpose(0, 1)  # megatron's [S, B, H] -> [B, S, H]
 
 
@@ -305,7 +322,7 @@ class MegatronCriticEngine(MegatronCheckpointed, CriticEngine):
 
         _init_megatron(config, ACTOR)
         lm, _ = load_model_and_tokenizer(select(config, "critic.model"), dtype=torch.float32)
-        self.megatron_model = build_megatron_model(lm, _device(config))
+        self.megatron_model = build_megatron_model(lm, _device(config), sequence_parallel(config))
         module = ValueModel(MegatronBackbone(self.megatron_model), lm.config.hidden_size,
                             seed=_seed(config))
         dp = parallel_state.get_data_parallel_world_size()
@@ -316,7 +333,7 @@ class MegatronCriticEngine(MegatronCheckpointed, CriticEngine):
                          parallel=(parallel_state.get_data_parallel_rank(), dp, group),
                          critic_cls=functools.partial(MegatronPPOCritic,
                                                       stage=self.megatron_model),
-                         grad_sync=_grad_averager(module, group, dp), tp_group=tp_group)
+                         grad_sync=_grad_averager(module, group, dp, tp_group), tp_group=tp_group)
 
     def replicated_modules(self) -> Dict[str, torch.nn.Module]:
         return {"value_head": self.module.value_head}

@@ -207,9 +207,16 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
             config_kwargs.setdefault("virtual_pipeline_model_parallel_size", vpp)
         config = transformer_config_from_hf(hf_config, **config_kwargs)
     _check_supported(hf_config)
+    if use_te is None:
+        use_te = have_transformer_engine()
+    spec = layer_spec(use_te)
+    if not use_te:  # megatron's torch-norm fallback cannot do sequence parallelism
+        from siirl.engine.megatron.sequence_parallel import local_block_spec
+
+        spec = local_block_spec(spec, config, vp_stage)
     model = HFPositionGPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(use_te),
+        transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(hf_config.vocab_size, config.tensor_model_parallel_size,
                                      vocab_divisible_by),
         max_sequence_length=hf_config.max_position_embeddings,

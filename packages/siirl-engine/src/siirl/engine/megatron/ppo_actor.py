@@ -18,7 +18,9 @@ import torch
 from siirl.data_coordinator.protocol import split
 from siirl.engine.actor.dp_actor import _FORWARD_KEYS, DataParallelPPOActor
 from siirl.engine.dp_utils import clip_grad_norm, require
+from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.pipeline import logprob_head, run_pipeline
+from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
 from siirl.execution.config_select import select
 
@@ -29,7 +31,7 @@ class MegatronPPOActor(DataParallelPPOActor):
     def __init__(self, module: torch.nn.Module, actor_cfg: Any, temperature: float = 1.0,
                  **kwargs: Any):
         super().__init__(module, actor_cfg, temperature, **kwargs)
-        self.stages = PipelineStages()
+        self.stages = PipelineStages(sequence_multiple(model_chunks(module)[0].config))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: Any, calculate_entropy: bool = False):

@@ -17,7 +17,9 @@ from siirl.data_coordinator.protocol import split
 from siirl.engine.critic.dp_critic import _FORWARD_KEYS, DataParallelPPOCritic
 from siirl.engine.critic.value_model import response_values
 from siirl.engine.dp_utils import clip_grad_norm, require
+from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.pipeline import run_pipeline
+from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
 from siirl.execution.config_select import select
 
@@ -41,7 +43,7 @@ class MegatronPPOCritic(DataParallelPPOCritic):
                  **kwargs: Any):
         super().__init__(module, critic_cfg, **kwargs)
         self.stage = stage
-        self.stages = PipelineStages()
+        self.stages = PipelineStages(sequence_multiple(model_chunks(stage)[0].config))
 
     @torch.no_grad()
     def compute_values(self, batch: Any) -> torch.Tensor:

@@ -16,8 +16,10 @@ _SCHEDULE_KEYS = ("input_ids", "attention_mask", "position_ids")
 class PipelineStages:
     """This rank's place in megatron's pipeline (a trivial pipeline of one stage at PP=1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sequence_multiple: int = 1) -> None:
         from megatron.core import parallel_state as ps
+
+        self.sequence_multiple = sequence_multiple  # sequence parallelism: TP size
 
         self.size = ps.get_pipeline_model_parallel_world_size()
         self.rank = ps.get_pipeline_model_parallel_rank()
@@ -34,11 +36,17 @@ class PipelineStages:
                       ) -> List[Dict[str, torch.Tensor]]:
         """``data`` split into micro-batches of ``rows`` rows as the schedule's dicts. At
         PP > 1 activations between stages have one shape, so a short last micro-batch is
-        filled up with copies of its last row (callers drop those rows' results)."""
+        filled up with copies of its last row (callers drop those rows' results). With
+        sequence parallelism, sequences are left-padded to a multiple of the TP size."""
         total = data.batch_size[0]
+        seq_len = data["input_ids"].shape[1]
+        extra = -seq_len % self.sequence_multiple
         out = []
         for start in range(0, total, rows):
             micro = {key: data[key][start:start + rows].to(device) for key in _SCHEDULE_KEYS}
+            if extra:  # masked, position 0: the response positions stay where they were
+                micro = {key: torch.nn.functional.pad(value, (extra, 0))
+                         for key, value in micro.items()}
             short = rows - micro["input_ids"].shape[0]
             if short and self.size > 1:
                 micro = {key: torch.cat([value, value[-1:].expand(short, -1)])
