@@ -13,9 +13,13 @@ Each adapter below says which megatron function reaches CUDA and why the replace
 computes the same thing on CPU. The patches are idempotent and are skipped entirely when
 CUDA is available (the GPU path must stay megatron's own).
 
-Not covered (they stay GPU-only): activation recomputation (``tensor_parallel.checkpoint``
-saves/restores CUDA RNG states), Transformer Engine, fused kernels, CUDA graphs, the
-inference KV cache, and megatron's DDP / optimizer wrappers.
+Megatron's ``DistributedDataParallel`` (synchronous grad sync) and its optimizers (plain and
+distributed, fp32 params, torch's AdamW fallback) are covered too; gloo supports the
+reduce-scatter / all-gather (coalesced) they issue. Not covered (they stay GPU-only):
+activation recomputation (``tensor_parallel.checkpoint`` saves/restores CUDA RNG states),
+Transformer Engine, fused kernels, CUDA graphs, the inference KV cache, bf16/fp16 main-param
+copies in the distributed optimizer, and DDP with several distributed-optimizer instances
+(CUDA streams).
 """
 
 from __future__ import annotations
@@ -125,9 +129,9 @@ _CURRENT_DEVICE_USERS = {
     # _ParamAndGradBuffer.__init__ (megatron DDP) allocates the contiguous param / grad buffers
     # that every parameter's ``.data`` / ``.main_grad`` become views of.
     "megatron.core.distributed.param_and_grad_buffer": "_ParamAndGradBuffer.__init__",
-    # DistributedOptimizer.sharded_state_dict / load_parameter_state allocate the optimizer
-    # state shards (exp_avg, exp_avg_sq) they load into on the current device.
-    "megatron.core.optimizer.distrib_optimizer": "optimizer-state allocation on load",
+    # DistributedOptimizer.load_state_dict allocates the (not yet created) Adam state shards
+    # it loads into on the current device; get_parameter_state_dp_zero its gather buffers.
+    "megatron.core.optimizer.distrib_optimizer": "load_state_dict state allocation",
 }
 
 # Modules that allocate with the literal ``device="cuda"``; inside them ``torch`` is rebound to

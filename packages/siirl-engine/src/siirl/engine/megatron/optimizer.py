@@ -187,7 +187,7 @@ def load_optimizer_checkpoint(optimizer, ddp_model: torch.nn.Module, directory: 
     steps = [_saved_step(sub_state) for sub_state in sub_states]
     with torch.no_grad():
         optimizer.load_state_dict(state)
-    for sub, step in zip(subs, steps):
+    for sub, step in zip(subs, steps, strict=True):
         inner = getattr(sub, "optimizer", None)
         if step is not None and isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             for param_state in inner.state.values():
