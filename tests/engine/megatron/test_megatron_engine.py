@@ -82,7 +82,8 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
     assert_close_steps(steps(tmp_path), fsdp_run,
                        ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"))
     ckpt = tmp_path / "global_step_2" / "actor"
-    assert (ckpt / "optimizer.tp0.pt").is_file() and (ckpt / "optimizer.tp1.pt").is_file()
+    assert json.loads((ckpt / "dist_optim" / "layout.json").read_text()) == \
+        {"tp": 2, "pp": 1, "dp": 1}  # megatron's distributed optimizer, dist_checkpointing
     # the TP 2 checkpoint resumes on one worker at TP 1: dist_checkpointing reshards
     single = tmp_path / "single"
     proc = train(single, *MEGATRON, "trainer.total_training_steps=3", "trainer.save_freq=-1",
@@ -95,6 +96,20 @@ def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_pa
 PPO = ["algorithm.adv_estimator=gae", "trainer.total_training_steps=2", "trainer.save_freq=2"]
 PPO_KEYS = ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "actor/grad_norm",
             "actor/pg_loss")
+
+
+def test_data_parallel_2_shards_the_optimizer_and_trains_like_one_fsdp_worker(tmp_path,
+                                                                              fsdp_run):
+    """Two workers at TP 1 are two data-parallel replicas: megatron's DDP averages their
+    gradients and the distributed optimizer gives each half of the Adam state."""
+    overrides, env = ray_workers(2)
+    train(tmp_path, *MEGATRON, *overrides, "trainer.total_training_steps=2",
+          "trainer.save_freq=2", env=env)
+    assert_close_steps(steps(tmp_path), fsdp_run,
+                       ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"))
+    ckpt = tmp_path / "global_step_2" / "actor"
+    assert json.loads((ckpt / "dist_optim" / "layout.json").read_text()) == \
+        {"tp": 1, "pp": 1, "dp": 2}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +144,8 @@ def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_
     assert_close_steps(steps(tmp_path), fsdp_run,
                        ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"))
     ckpt = tmp_path / "global_step_2" / "actor"
-    assert (ckpt / "optimizer.pp0.pt").is_file() and (ckpt / "optimizer.pp1.pt").is_file()
+    assert json.loads((ckpt / "dist_optim" / "layout.json").read_text()) == \
+        {"tp": 1, "pp": 2, "dp": 1}
     single = tmp_path / "single"
     proc = train(single, *MEGATRON, "trainer.total_training_steps=3", "trainer.save_freq=-1",
                  "trainer.resume_mode=resume_path",

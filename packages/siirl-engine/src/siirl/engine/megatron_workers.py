@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import socket
 from typing import Any, Dict, Optional
 
@@ -48,6 +49,7 @@ from siirl.execution.config_select import select
 _PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "context_parallel_size", "virtual_pipeline_model_parallel_size")
 SYNC_BUCKET_BYTES = 64 << 20
+logger = logging.getLogger(__name__)
 
 
 def parallel_sizes(config: Any, prefix: str) -> Dict[str, int]:
@@ -195,7 +197,7 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
         from megatron.core import parallel_state
 
         from siirl.engine.fsdp_workers import _load_model
-        from siirl.engine.optim import build_lr_scheduler, build_optimizer
+        from siirl.engine.optim import build_lr_scheduler
 
         _init_megatron(config, ACTOR)
         self.config, self.worker = config, worker
@@ -214,7 +216,7 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
         self.initial_module = copy.deepcopy(hf_model) if self.world_size > 1 else None
         self.pristine = True
         self._optim_cfg = select(config, f"{ACTOR}.optim")
-        optimizer = build_optimizer(self.megatron_model.parameters(), self._optim_cfg)
+        optimizer, grad_sync = self._build_optimizer(config)
         try:
             scheduler = build_lr_scheduler(optimizer, self._optim_cfg,
                                            select(config, "trainer.total_training_steps", -1)
@@ -229,9 +231,25 @@ class MegatronActorEngine(MegatronCheckpointed, ActorEngine):
             seed=_seed(config), group=self.group,
             log_prob_micro_batch_size=select(config,
                                              f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
-            grad_sync=_grad_averager(self.megatron_model, self.group, self.world_size,
-                                      self.tp_group),
-            tp_group=self.tp_group)
+            grad_sync=grad_sync, tp_group=self.tp_group)
+
+    def _build_optimizer(self, config: Any):
+        """(optimizer, grad sync): megatron's DDP + distributed optimizer (or its plain one
+        with ``use_distributed_optimizer=false``); with virtual pipeline chunks torch AdamW
+        and an all-reduce (megatron's DDP wraps one chunk per instance: not wired yet)."""
+        from megatron.core import parallel_state
+
+        from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
+        from siirl.engine.optim import build_optimizer
+
+        if (parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1) == 1:
+            use_dist = bool(select(config, f"{ACTOR}.megatron.use_distributed_optimizer", True))
+            return MegatronOptimizer(self.megatron_model, self._optim_cfg,
+                                     select(config, f"{ACTOR}.grad_clip", 1.0), use_dist), None
+        logger.warning("virtual pipeline stages: the actor uses torch AdamW with gradients "
+                       "all-reduced over data parallelism, not megatron's distributed optimizer")
+        return (build_optimizer(self.megatron_model.parameters(), self._optim_cfg),
+                _grad_averager(self.megatron_model, self.group, self.world_size, self.tp_group))
 
     def update_policy(self, batch: Any) -> NodeOutput:
         out = super().update_policy(batch)

@@ -87,7 +87,11 @@ def _style(optim_cfg: Any) -> str:
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any,
                        total_training_steps: Optional[int] = None) -> LambdaLR:
     """Warmup (``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio`` * total), then
-    constant or cosine decay to ``min_lr_ratio``; stepped once per policy update."""
+    constant or cosine decay to ``min_lr_ratio``; stepped once per policy update.
+
+    A wrapper optimizer (megatron's) names the torch optimizer holding its param groups in
+    ``torch_optimizer``; the schedule drives that one."""
+    optimizer = getattr(optimizer, "torch_optimizer", optimizer)
     total = total_training_steps
     if total is None or total <= 0:
         total = int(select(optim_cfg, "total_training_steps", -1))

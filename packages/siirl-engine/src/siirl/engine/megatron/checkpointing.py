@@ -47,6 +47,12 @@ def optimizer_file() -> str:
     return name + ".pt"
 
 
+def _is_megatron_optimizer(optimizer) -> bool:
+    from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
+
+    return isinstance(optimizer, MegatronOptimizer)
+
+
 class MegatronCheckpointed:
     """Mixin: the engine has ``megatron_model``, ``optimizer``, ``_scheduler()``,
     ``trainer`` (counts updates), ``rank`` (data-parallel), ``_contents(key)``; it may
@@ -66,7 +72,9 @@ class MegatronCheckpointed:
         if "model" in contents:
             dist_checkpointing.save(self.megatron_model.sharded_state_dict(),
                                     os.path.join(directory, DIST_CKPT))
-        if self.rank == 0 and "optimizer" in contents:
+        if "optimizer" in contents and _is_megatron_optimizer(self.optimizer):
+            self.optimizer.save(directory, write_layout=torch.distributed.get_rank() == 0)
+        elif self.rank == 0 and "optimizer" in contents:
             torch.save(self.optimizer.state_dict(), os.path.join(directory, optimizer_file()))
         if self.rank == 0 and _writes_extras():
             if "extra" in contents:
@@ -95,7 +103,12 @@ class MegatronCheckpointed:
                 for name, module in self.replicated_modules().items():
                     module.load_state_dict(saved[name])
         optim = os.path.join(directory, optimizer_file())
-        if "optimizer" in contents and os.path.exists(optim):
+        if "optimizer" in contents and _is_megatron_optimizer(self.optimizer):
+            if not self.optimizer.load(directory):
+                logger.warning("%s holds no optimizer state for this run's TP/PP/DP sizes "
+                               "(megatron's distributed optimizer shards it by them); the "
+                               "weights were resharded, the optimizer starts fresh", directory)
+        elif "optimizer" in contents and os.path.exists(optim):
             self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
         elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
             # written at other TP/PP sizes: weights reshard, moments do not

@@ -10,6 +10,7 @@ the other stages. The gradient norm is taken over tensor- and pipeline-parallel 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any, Dict
 
@@ -19,6 +20,7 @@ from siirl.data_coordinator.protocol import split
 from siirl.engine.actor.dp_actor import _FORWARD_KEYS, DataParallelPPOActor
 from siirl.engine.dp_utils import clip_grad_norm, require
 from siirl.engine.megatron.chunks import model_chunks
+from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.pipeline import logprob_head, run_pipeline
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
@@ -77,6 +79,18 @@ class MegatronPPOActor(DataParallelPPOActor):
                                   calculate_entropy=True),
                      step_loss)
         return self._finish_mini_batch(totals, stats)
+
+    def _finish_mini_batch(self, totals: Dict[str, float], stats: Dict[str, list]) -> bool:
+        if not isinstance(self.optimizer, MegatronOptimizer):
+            return super()._finish_mini_batch(totals, stats)
+        # gradients were reduced by the schedule's finalize_model_grads
+        for key, value in totals.items():
+            stats[key].append(value)
+        grad_norm = self.optimizer.step_if_finite()
+        if not math.isfinite(grad_norm):
+            return False
+        stats["actor/grad_norm"].append(grad_norm)
+        return True
 
     def _clip_grad_norm(self) -> float:
         return clip_grad_norm(self.module, select(self.config, "grad_clip", 1.0), self.tp_group,
