@@ -1,21 +1,20 @@
-"""The ``megatron`` engine plugin (entry point ``siirl.engines: megatron``): actor and
-reference on megatron-core's GPTModel, from the ``siirl-engine[megatron]`` extra.
+"""The ``megatron`` engine plugin (entry point ``siirl.engines: megatron``): actor,
+reference and critic on megatron-core's GPTModel, from the ``siirl-engine[megatron]`` extra.
 
 Importing this module imports megatron-core, so without the extra the plugin registry
 reports ``pip install "siirl-engine[megatron]"`` at start-up.
 
 What runs here: the HF checkpoint (or the built-in model) is loaded with transformers and
-converted by the weight bridge into a GPTModel stage (Transformer Engine layer spec when
-TE is importable, the local spec otherwise). Log-probs come from megatron's forward; the
-PPO update is the data-parallel actor's (``DataParallelPPOActor``: mini/micro batches,
-exact loss normalisation) with gradients averaged over the data-parallel group by an
-all-reduce. After each update the HF copy that the ``hf`` rollout generates with is
-refreshed through the bridge in size-bounded buckets.
+converted by the weight bridge into this rank's GPTModel stage (or virtual-pipeline chunks;
+Transformer Engine layer spec when TE is importable, the local spec otherwise). Forward and
+backward run through megatron's pipeline schedule (``megatron.ppo_actor`` /
+``megatron.ppo_critic``); the actor steps megatron's DDP + distributed optimizer. After
+each update the HF copy that the ``hf`` rollout generates with is refreshed through the
+bridge in size-bounded buckets, from every pipeline stage.
 
-Roles: actor, reference and critic (the fsdp critic's value head on a GPTModel). Limits
-of this release, checked at start-up: pipeline and context parallel size 1; tensor
-parallelism splits each layer over consecutive workers, data parallelism takes the rest
-(megatron's pipeline schedules and DDP need CUDA: docs/megatron.md).
+Parallel sizes come from ``actor_rollout_ref.actor.megatron`` (TP, PP, VPP, sequence
+parallel); data parallelism takes the remaining workers; context parallelism is refused at
+start-up (it needs Transformer Engine's attention). docs/megatron.md has the details.
 """
 
 from __future__ import annotations
