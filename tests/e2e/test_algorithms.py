@@ -68,7 +68,7 @@ def test_algorithm_raises_reward(name, tmp_path):
 
 
 def test_critic_warmup_holds_the_actor_for_exactly_k_steps(tmp_path):
-    from siirl.engine.checkpoint import MODEL_FILE, load_tensors
+    from siirl.engine.common.checkpoint import MODEL_FILE, load_tensors
 
     train(tmp_path, "algorithm.adv_estimator=gae", "trainer.critic_warmup=3",
           "trainer.total_training_steps=4", "trainer.save_freq=1")

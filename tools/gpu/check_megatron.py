@@ -41,16 +41,17 @@ def tiny_models():
 
 def parity_checks(device: torch.device) -> dict:
     from siirl.engine.megatron.bridge import hf_to_megatron, megatron_to_hf
+    from siirl.engine.common.config import typed_config
     from siirl.engine.megatron_workers import (
-        _init_megatron,
         build_megatron_model,
+        init_megatron,
         megatron_logprobs,
     )
     from siirl.engine.models.logprob import response_logprobs
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity, not TF32
     torch.backends.cudnn.allow_tf32 = False
-    _init_megatron({"trainer": {"seed": 1}}, "actor_rollout_ref.actor")
+    init_megatron(typed_config({"trainer": {"seed": 1}}), seed=1)
     out = {}
     for name, hf in tiny_models().items():
         state = {k: v for k, v in hf.state_dict().items()}

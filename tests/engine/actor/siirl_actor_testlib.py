@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import torch
 
 from siirl.data_coordinator.protocol import make_batch
-from siirl.engine.fsdp_workers import ActorEngine, ReferenceEngine
+from siirl.engine.actor.engine import ActorEngine
+from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
 from siirl.params.parser import parse_config
 
 VOCAB, PROMPT, RESPONSE = 32, 4, 5
@@ -138,8 +139,8 @@ def actor_config(*overrides):
 
 
 def actor_engine(config, module=None, worker=None) -> ActorEngine:
-    return ActorEngine(config, worker, module=module if module is not None else tiny_model(),
-                       logprob_fn=ref_logprobs)
+    return fsdp_actor(config, worker, module=module if module is not None else tiny_model(),
+                      logprob_fn=ref_logprobs)
 
 
 def with_advantages(engine, batch, advantage: float = 1.0):
@@ -174,7 +175,7 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
 
     import torch.distributed as dist
 
-    from siirl.engine import checkpoint
+    from siirl.engine.common import checkpoint
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks share the test machine's cores
@@ -187,8 +188,7 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
         worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
         engine = actor_engine(config, module=model, worker=worker)
         assert engine.sharded and engine.initial_module is not None
-        worker.engines["actor"] = engine
-        ref = ReferenceEngine(config, worker, logprob_fn=ref_logprobs)  # takes the copy
+        ref = fsdp_reference(config, worker, actor=engine, logprob_fn=ref_logprobs)  # the copy
         assert engine.initial_module is None
         rows = inputs["batch"]["input_ids"].shape[0] // world_size
         local = make_batch({k: v[rank * rows:(rank + 1) * rows]

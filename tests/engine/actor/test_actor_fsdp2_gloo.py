@@ -23,7 +23,7 @@ from siirl_actor_testlib import (
     with_advantages,
 )
 
-from siirl.engine import checkpoint
+from siirl.engine.common import checkpoint
 
 try:
     from torch.distributed.fsdp import fully_shard  # noqa: F401

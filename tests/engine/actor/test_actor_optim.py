@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from siirl.engine.optim import build_lr_scheduler, build_optimizer
+from siirl.engine.common.optim import build_lr_scheduler, build_optimizer
 from siirl.errors import ConfigError
 
 

@@ -22,7 +22,7 @@ from siirl_actor_testlib import (
 from siirl.dag_worker.core_algos import agg_loss
 from siirl.dag_worker.engine_api import ActorEngine as ActorProtocol
 from siirl.dag_worker.engine_api import ReferenceEngine as RefProtocol
-from siirl.engine.fsdp_workers import ReferenceEngine, fsdp_engine
+from siirl.engine.fsdp.engines import fsdp_engine, fsdp_reference
 from siirl.errors import ConfigError, DataError
 
 METRICS = {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
@@ -160,8 +160,8 @@ def _kl_config(*extra):
 def test_kl_loss_is_zero_when_reference_equals_actor():
     cfg = _kl_config()
     actor = actor_engine(cfg)
-    worker = SimpleNamespace(rank=0, world_size=1, engines={"actor": actor})
-    ref = ReferenceEngine(cfg, worker, logprob_fn=ref_logprobs)
+    worker = SimpleNamespace(rank=0, world_size=1)
+    ref = fsdp_reference(cfg, worker, actor=actor, logprob_fn=ref_logprobs)
     assert isinstance(ref, RefProtocol)
     assert ref.module is not actor.module
     initial = params(ref.module)
@@ -245,11 +245,10 @@ def test_factory_loads_from_model_path_with_the_shared_logprob_code(tmp_path):
     tiny_model().save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     cfg = _kl_config(f"actor_rollout_ref.model.path={model_dir}")
-    worker = SimpleNamespace(rank=0, world_size=1, engines={})
+    worker = SimpleNamespace(rank=0, world_size=1)
     actor = fsdp_engine("actor", cfg, worker)
     assert actor.tokenizer.convert_tokens_to_ids("t3") == 3
-    worker.engines["actor"] = actor
-    copied = fsdp_engine("reference", cfg, worker)
+    copied = fsdp_engine("reference", cfg, worker, peers={"actor": actor})
     loaded = fsdp_engine("reference", cfg, None)
     batch = with_advantages(actor, rollout_batch(rows=4))
     with torch.no_grad():

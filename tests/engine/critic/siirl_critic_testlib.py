@@ -12,6 +12,7 @@ import torch
 from siirl.data_coordinator.protocol import make_batch
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
+from siirl.engine.fsdp.engines import fsdp_critic
 from siirl.params.parser import parse_config
 
 VOCAB, PROMPT, RESPONSE, DIM = 32, 4, 5, 32
@@ -85,8 +86,8 @@ def critic_config(*overrides):
 
 
 def critic_engine(config, module=None, worker=None) -> CriticEngine:
-    return CriticEngine(config, worker,
-                        module=module if module is not None else tiny_value_model())
+    return fsdp_critic(config, worker,
+                       module=module if module is not None else tiny_value_model())
 
 
 def with_values(engine, batch):
@@ -111,7 +112,7 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
 
     import torch.distributed as dist
 
-    from siirl.engine import checkpoint
+    from siirl.engine.common import checkpoint
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks share the test machine's cores

@@ -28,6 +28,7 @@ from siirl.dag_worker.data_structures import NodeOutput, StepResult
 from siirl.dag_worker.engines import WorkerEngines, roles_needed
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
+from siirl.dag_worker.weight_sync import RolloutWeightSync
 from siirl.errors import PipelineError
 from siirl.execution.dag.task_graph import TaskGraph
 
@@ -56,6 +57,7 @@ class DAGWorker:
         self.step_state: Dict[str, Any] = {}  # node scratch space for one training step
         self.global_step = 0
         self.engines = WorkerEngines(config, worker=self)
+        self.weight_sync = RolloutWeightSync(self.engines)
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()
@@ -88,10 +90,9 @@ class DAGWorker:
         if "actor" in roles:
             algorithm_nodes.check_algorithm_names(self.config)
         algorithm_nodes.setup_algorithm_objects(self, self.config)
-        for role in sorted(roles, key=lambda r: r != "actor"):
-            self.engines.get(role)
+        self.engines.build(roles)
         if "actor" in roles:
-            self.tokenizer = self.engines.get("actor").tokenizer
+            self.tokenizer = self.engines.actor.tokenizer
             # rows by the entry node's data-parallel rank: tensor-parallel peers share them
             self.is_data_source = data.is_source(me)
             self.train_loader, self.val_loader = build_dataloaders(
@@ -156,6 +157,7 @@ class DAGWorker:
                               for dep in node.dependencies])
             else:
                 node_input = batch
+            self.sync_rollout_weights()
             output, seconds = self.executor.run(node, node_input, self.config)
             self.metrics.add_node(node_id, output.metrics, seconds)
             if (output.info or {}).get("regenerate"):
@@ -167,7 +169,15 @@ class DAGWorker:
                 pending_children[dep] -= 1
                 if pending_children[dep] == 0:
                     outputs.pop(dep, None)
+        self.sync_rollout_weights()
         return exits
+
+    def sync_rollout_weights(self) -> None:
+        """The weight-sync step: when the actor's weights changed since the rollout last
+        took them, hand them over now (timed as ``timing_s/weight_sync``)."""
+        if self.weight_sync.needed():
+            for name, value in self.weight_sync.run().items():
+                self.metrics.add(name, value)
 
     def _moved(self, batch: Any, parent: str, child: str) -> Any:
         """``parent``'s output laid out as ``child`` needs it (the same object when the
@@ -212,31 +222,31 @@ class DAGWorker:
     # ---- built-in node functions: each delegates to the engine of its role -------------
 
     def generate(self, batch, config=None, **kwargs) -> NodeOutput:
-        return self.engines.get("rollout").generate(batch)
+        return self.engines.rollout.generate(batch)
 
     def compute_reward(self, batch, config=None, **kwargs) -> NodeOutput:
-        return self.engines.get("reward").compute_reward(batch)
+        return self.engines.reward.compute_reward(batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
         if "old_log_probs" in batch.keys():  # computed early for KL in the reward
             return NodeOutput(batch=batch)
-        return self.engines.get("actor").compute_log_prob(batch)
+        return self.engines.actor.compute_log_prob(batch)
 
     def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
         if "ref_log_prob" in batch.keys():
             return NodeOutput(batch=batch)
-        return self.engines.get("reference").compute_ref_log_prob(batch)
+        return self.engines.reference.compute_ref_log_prob(batch)
 
     def compute_value(self, batch, config=None, **kwargs) -> NodeOutput:
-        return self.engines.get("critic").compute_values(batch)
+        return self.engines.critic.compute_values(batch)
 
     def train_actor(self, batch, config=None, **kwargs) -> NodeOutput:
         if algorithm_nodes.actor_warming_up(self, config if config is not None else self.config):
             return NodeOutput(batch=batch, metrics={"actor/critic_warmup": 1.0})
-        return self.engines.get("actor").update_policy(batch)
+        return self.engines.actor.update_policy(batch)
 
     def train_critic(self, batch, config=None, **kwargs) -> NodeOutput:
-        return self.engines.get("critic").update_critic(batch)
+        return self.engines.critic.update_critic(batch)
 
     def compute_advantage(self, batch, config=None, **kwargs) -> NodeOutput:
         """Advantages and returns by ``algorithm.adv_estimator`` (see algorithm_nodes)."""

@@ -1,7 +1,15 @@
-"""Engine ownership: a worker's engines by role, created lazily through the plugin registry."""
+"""Engine ownership: a worker's engines by role, built once through the plugin registry.
+
+``build(roles)`` creates them in a fixed order (the actor first) and wires them
+explicitly: each factory is handed the engines built before it as ``peers`` (the
+reference starts from the actor's initial weights, the ``hf`` rollout generates with the
+actor's model). The worker then holds typed engine objects (``engines.actor``, ...), not
+names looked up at call time.
+"""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Iterable, Tuple
 
 from siirl.dag_worker.engine_api import ROLE_PROTOCOLS
@@ -20,6 +28,7 @@ ROLE_SOURCES: Dict[str, Tuple[str, str, str]] = {
     "rollout": ("siirl.rollouts", "actor_rollout_ref.rollout.name", ""),
     "reward": ("siirl.reward_managers", "reward_model.reward_manager", ""),
 }
+BUILD_ORDER = ("actor", "rollout", "reference", "critic", "reward")
 
 _NODE_ROLE_TO_ENGINE = {
     NodeRole.ROLLOUT: "rollout",
@@ -41,8 +50,17 @@ def roles_needed(graph: TaskGraph) -> list:
     return roles
 
 
+def _accepts(factory: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 class WorkerEngines:
-    """Holds one engine per role; ``get(role)`` builds it on first use."""
+    """One engine per role: ``actor``, ``rollout``, ``reference``, ``critic``, ``reward``
+    (None until built)."""
 
     def __init__(self, config: Any, worker: Any):
         self.config = config
@@ -64,17 +82,31 @@ class WorkerEngines:
             group, name, key = self.plugin_name(role)
             load_plugin(group, name, what=f"{key}={name}")
 
+    def build(self, roles: Iterable[str]) -> None:
+        """Build the engines of ``roles`` in dependency order."""
+        wanted = set(roles)
+        for role in BUILD_ORDER:
+            if role in wanted:
+                self.get(role)
+
+    def _create(self, role: str) -> Any:
+        group, name, key = self.plugin_name(role)
+        factory = load_plugin(group, name, what=f"{key}={name}")
+        kwargs: Dict[str, Any] = {"role": role, "config": self.config, "worker": self.worker}
+        if _accepts(factory, "peers"):
+            kwargs["peers"] = dict(self._engines)
+        engine = factory(**kwargs)
+        protocol = ROLE_PROTOCOLS[role]
+        if not isinstance(engine, protocol):
+            raise PluginNotFoundError(
+                f"plugin '{name}' ({group}) built a {type(engine).__name__}, which lacks "
+                f"the methods of {protocol.__name__} needed for role '{role}'")
+        return engine
+
     def get(self, role: str) -> Any:
+        """The engine of ``role``, built on first use (tests, notebooks)."""
         if role not in self._engines:
-            group, name, key = self.plugin_name(role)
-            factory = load_plugin(group, name, what=f"{key}={name}")
-            engine = factory(role=role, config=self.config, worker=self.worker)
-            protocol = ROLE_PROTOCOLS[role]
-            if not isinstance(engine, protocol):
-                raise PluginNotFoundError(
-                    f"plugin '{name}' ({group}) built a {type(engine).__name__}, which lacks "
-                    f"the methods of {protocol.__name__} needed for role '{role}'")
-            self._engines[role] = engine
+            self._engines[role] = self._create(role)
         return self._engines[role]
 
     def set(self, role: str, engine: Any) -> None:
@@ -83,3 +115,23 @@ class WorkerEngines:
 
     def __contains__(self, role: str) -> bool:
         return role in self._engines
+
+    @property
+    def actor(self) -> Any:
+        return self.get("actor")
+
+    @property
+    def rollout(self) -> Any:
+        return self.get("rollout")
+
+    @property
+    def reference(self) -> Any:
+        return self.get("reference")
+
+    @property
+    def critic(self) -> Any:
+        return self.get("critic")
+
+    @property
+    def reward(self) -> Any:
+        return self.get("reward")

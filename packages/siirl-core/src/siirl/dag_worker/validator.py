@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict
 
+from siirl.data_coordinator.fields import DATA_SOURCE, RESPONSE_MASK, TOKEN_LEVEL_SCORES
 from siirl.data_coordinator.protocol import get_non_tensor
 
 
@@ -14,6 +15,9 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
     Each worker validates its share of the set; the per-row results of all workers are
     combined, so the metrics are those of the whole set on any number of workers.
     """
+    sync = getattr(worker, "sync_rollout_weights", None)
+    if sync is not None:  # a resumed run may validate before its first step
+        sync()
     rollout = worker.engines.get("rollout")
     reward = worker.engines.get("reward")
     rows = []  # (data_source, score, response length)
@@ -28,9 +32,9 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
     for batch in batches:
         generated = rollout.generate(batch, validate=True).batch
         scored = reward.compute_reward(generated).batch
-        scores = scored["token_level_scores"].sum(dim=-1).tolist()
-        lengths = scored["response_mask"].sum(dim=-1).tolist()
-        rows.extend(zip(get_non_tensor(scored, "data_source"), scores, lengths, strict=True))
+        scores = scored[TOKEN_LEVEL_SCORES].sum(dim=-1).tolist()
+        lengths = scored[RESPONSE_MASK].sum(dim=-1).tolist()
+        rows.extend(zip(get_non_tensor(scored, DATA_SOURCE), scores, lengths, strict=True))
     if comm is not None:
         # tensor-parallel peers validated copies of the same rows: count them once
         rows = rows if getattr(worker, "is_data_source", True) else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from typing import Dict
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -53,72 +53,62 @@ def _is_megatron_optimizer(optimizer) -> bool:
     return isinstance(optimizer, MegatronOptimizer)
 
 
-class MegatronCheckpointed:
-    """Mixin: the engine has ``megatron_model``, ``optimizer``, ``_scheduler()``,
-    ``trainer`` (counts updates), ``rank`` (data-parallel), ``_contents(key)``; it may
-    override ``replicated_modules()`` and ``after_load()``."""
+def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
+                    extra: Dict[str, Any], contents: Tuple[str, ...], dp_rank: int,
+                    replicated: Dict[str, torch.nn.Module]) -> None:
+    """Collective over every rank: weights through dist_checkpointing, optimizer state,
+    ``extra`` (lr schedule, update count) and the ``replicated`` modules once."""
+    from megatron.core import dist_checkpointing
 
-    def replicated_modules(self) -> Dict[str, torch.nn.Module]:
-        return {}
+    os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
+    if "model" in contents:
+        dist_checkpointing.save(model.sharded_state_dict(), os.path.join(directory, DIST_CKPT))
+    if "optimizer" in contents and _is_megatron_optimizer(optimizer):
+        optimizer.save(directory, write_layout=torch.distributed.get_rank() == 0)
+    elif dp_rank == 0 and "optimizer" in contents:
+        torch.save(optimizer.state_dict(), os.path.join(directory, optimizer_file()))
+    if dp_rank == 0 and _writes_extras():
+        if "extra" in contents:
+            torch.save(extra, os.path.join(directory, EXTRA_FILE))
+        if "model" in contents and replicated:
+            torch.save({k: m.state_dict() for k, m in replicated.items()},
+                       os.path.join(directory, EXTRAS_FILE))
+    torch.distributed.barrier()
 
-    def after_load(self) -> None:
-        pass
 
-    def save_checkpoint(self, directory: str) -> None:
-        from megatron.core import dist_checkpointing
+def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
+                    contents: Tuple[str, ...],
+                    replicated: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    """Restore what :func:`save_checkpoint` wrote (weights reshard to this run's TP/PP
+    sizes; optimizer state only at the same sizes); the ``extra`` dict ({} if none)."""
+    from megatron.core import dist_checkpointing
 
-        contents = self._contents("save_contents")
-        os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
-        if "model" in contents:
-            dist_checkpointing.save(self.megatron_model.sharded_state_dict(),
-                                    os.path.join(directory, DIST_CKPT))
-        if "optimizer" in contents and _is_megatron_optimizer(self.optimizer):
-            self.optimizer.save(directory, write_layout=torch.distributed.get_rank() == 0)
-        elif self.rank == 0 and "optimizer" in contents:
-            torch.save(self.optimizer.state_dict(), os.path.join(directory, optimizer_file()))
-        if self.rank == 0 and _writes_extras():
-            if "extra" in contents:
-                torch.save({"lr_scheduler": self._scheduler().state_dict(),
-                            "update_count": self.trainer.update_count},
-                           os.path.join(directory, EXTRA_FILE))
-            if "model" in contents and self.replicated_modules():
-                torch.save({k: m.state_dict() for k, m in self.replicated_modules().items()},
-                           os.path.join(directory, EXTRAS_FILE))
-        torch.distributed.barrier()
-
-    def load_checkpoint(self, directory: str) -> None:
-        from megatron.core import dist_checkpointing
-
-        contents = self._contents("load_contents")
-        model_dir = os.path.join(directory, DIST_CKPT)
-        if "model" in contents:
-            if not os.path.isdir(model_dir):
-                raise ConfigError(f"checkpoint {directory} has no {DIST_CKPT}/ (not written "
-                                  "by the megatron engine)")
-            state = dist_checkpointing.load(self.megatron_model.sharded_state_dict(), model_dir)
-            self.megatron_model.load_state_dict(state)
-            extras = os.path.join(directory, EXTRAS_FILE)
-            if self.replicated_modules() and os.path.exists(extras):
-                saved = torch.load(extras, weights_only=True)
-                for name, module in self.replicated_modules().items():
-                    module.load_state_dict(saved[name])
-        optim = os.path.join(directory, optimizer_file())
-        if "optimizer" in contents and _is_megatron_optimizer(self.optimizer):
-            if not self.optimizer.load(directory):
-                logger.warning("%s holds no optimizer state for this run's TP/PP/DP sizes "
-                               "(megatron's distributed optimizer shards it by them); the "
-                               "weights were resharded, the optimizer starts fresh", directory)
-        elif "optimizer" in contents and os.path.exists(optim):
-            self.optimizer.load_state_dict(torch.load(optim, weights_only=True))
-        elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
-            # written at other TP/PP sizes: weights reshard, moments do not
-            logger.warning("%s holds optimizer state for other tensor/pipeline-parallel sizes "
-                           "than this run's; the weights were resharded, the optimizer starts "
-                           "fresh", directory)
-        extra_path = os.path.join(directory, EXTRA_FILE)
-        if "extra" in contents and os.path.exists(extra_path):
-            extra = torch.load(extra_path, weights_only=True)
-            self._scheduler().load_state_dict(extra["lr_scheduler"])
-            self.trainer.update_count = int(extra["update_count"])
-        self.pristine = False
-        self.after_load()
+    model_dir = os.path.join(directory, DIST_CKPT)
+    if "model" in contents:
+        if not os.path.isdir(model_dir):
+            raise ConfigError(f"checkpoint {directory} has no {DIST_CKPT}/ (not written "
+                              "by the megatron engine)")
+        state = dist_checkpointing.load(model.sharded_state_dict(), model_dir)
+        model.load_state_dict(state)
+        extras = os.path.join(directory, EXTRAS_FILE)
+        if replicated and os.path.exists(extras):
+            saved = torch.load(extras, weights_only=True)
+            for name, module in replicated.items():
+                module.load_state_dict(saved[name])
+    optim = os.path.join(directory, optimizer_file())
+    if "optimizer" in contents and _is_megatron_optimizer(optimizer):
+        if not optimizer.load(directory):
+            logger.warning("%s holds no optimizer state for this run's TP/PP/DP sizes "
+                           "(megatron's distributed optimizer shards it by them); the "
+                           "weights were resharded, the optimizer starts fresh", directory)
+    elif "optimizer" in contents and os.path.exists(optim):
+        optimizer.load_state_dict(torch.load(optim, weights_only=True))
+    elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
+        # written at other TP/PP sizes: weights reshard, moments do not
+        logger.warning("%s holds optimizer state for other tensor/pipeline-parallel sizes "
+                       "than this run's; the weights were resharded, the optimizer starts "
+                       "fresh", directory)
+    extra_path = os.path.join(directory, EXTRA_FILE)
+    if "extra" in contents and os.path.exists(extra_path):
+        return torch.load(extra_path, weights_only=True)
+    return {}

@@ -16,13 +16,24 @@ their rows from torch's global RNG instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator import protocol
-from siirl.engine.fsdp_utils import full_weights
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    POSITION_IDS,
+    PROMPTS,
+    RESPONSE_MASK,
+    RESPONSES,
+    SAMPLE_ID,
+    UID,
+)
+from siirl.engine.common.sharded_modules import full_weights
+from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.models.logprob import accepts_kwarg
 from siirl.engine.rollout.keyed_random import row_keys, uniforms
 from siirl.execution.config_select import select
@@ -127,29 +138,39 @@ class HFRollout:
     """Rollout engine ``hf``: ``generate(batch, validate=False) -> NodeOutput``."""
 
     def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,
-                 module: torch.nn.Module | None = None, tokenizer: Any = None):
+                 module: torch.nn.Module | None = None, tokenizer: Any = None,
+                 peers: Mapping[str, Any] | None = None):
         self.role = role
         self.config = config
         self.worker = worker
         self._module = module
         self._tokenizer = tokenizer
+        # the actor engine whose model generates (wired by the worker; None with module=)
+        self.actor = (peers or {}).get("actor")
         self._calls = (-1, 0)  # (training step, generate calls within it): a noise salt
 
     # -- the policy is looked up on each call, so a swapped-in actor module is used too --
     def policy(self) -> tuple[torch.nn.Module, Any]:
         module, tokenizer = self._module, self._tokenizer
         if module is None or tokenizer is None:
-            if self.worker is None:
-                raise RuntimeError("HFRollout needs worker= (with an actor engine) or "
+            if self.actor is None:
+                raise RuntimeError("HFRollout needs peers={'actor': <actor engine>} or "
                                    "module= and tokenizer=")
-            actor = self.worker.engines.get("actor")
-            module = module if module is not None else actor.module
-            tokenizer = tokenizer if tokenizer is not None else actor.tokenizer
+            module = module if module is not None else self.actor.module
+            tokenizer = tokenizer if tokenizer is not None else self.actor.tokenizer
         # a DDP/FSDP1-style wrapper has no generate machinery of its own: use the inner model
         while not hasattr(module, "config") and isinstance(getattr(module, "module", None),
                                                            torch.nn.Module):
             module = module.module
         return module, tokenizer
+
+    def load_weights(self, buckets: Iterable[Bucket]) -> int:
+        """Weight sync: copy the named tensors into the model this rollout generates with;
+        the bytes copied. Nothing moves when that model is the one the actor trains in
+        place (the stream is then left unread, so nothing is gathered either)."""
+        if self._module is None and getattr(self.actor, "trains_module_in_place", False):
+            return 0
+        return copy_into(self.policy()[0], buckets)
 
     def sampling(self, validate: bool) -> dict:
         """n, greedy, temperature, top_k, top_p for training or validation."""
@@ -195,15 +216,15 @@ class HFRollout:
         if select(self.config, f"{_RCFG}.ignore_eos", False):
             eos_ids = []
         n = params.pop("n")
-        if "sample_id" in batch.keys() and "uid" not in batch.keys():
+        if SAMPLE_ID in batch.keys() and UID not in batch.keys():
             # group ids that are the same whichever worker holds the prompt
             batch = batch.copy()
-            protocol.set_non_tensor(batch, "uid", [str(i) for i in batch["sample_id"].tolist()])
+            protocol.set_non_tensor(batch, UID, [str(i) for i in batch[SAMPLE_ID].tolist()])
         out = protocol.repeat_interleave(batch, n)
         keys = self.noise_keys(out, n)
-        prompts, prompt_mask = out["input_ids"], out["attention_mask"]
-        if "position_ids" in out.keys():
-            prompt_pos = out["position_ids"]
+        prompts, prompt_mask = out[INPUT_IDS], out[ATTENTION_MASK]
+        if POSITION_IDS in out.keys():
+            prompt_pos = out[POSITION_IDS]
         else:
             prompt_pos = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)
         device = next(module.parameters()).device
@@ -230,13 +251,13 @@ class HFRollout:
         responses = torch.cat([p[0] for p in parts]).to(prompts.device, prompts.dtype)
         response_mask = torch.cat([p[1] for p in parts]).to(prompts.device)
         steps = torch.arange(1, width + 1, device=prompts.device, dtype=prompt_pos.dtype)
-        out.set("prompts", prompts)
-        out.set("responses", responses)
-        out.set("response_mask", response_mask)
-        out.set("input_ids", torch.cat([prompts, responses], dim=1))
-        out.set("attention_mask", torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)],
-                                            dim=1))
-        out.set("position_ids", torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1))
+        out.set(PROMPTS, prompts)
+        out.set(RESPONSES, responses)
+        out.set(RESPONSE_MASK, response_mask)
+        out.set(INPUT_IDS, torch.cat([prompts, responses], dim=1))
+        out.set(ATTENTION_MASK, torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)],
+                                          dim=1))
+        out.set(POSITION_IDS, torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1))
         return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))
 
     def noise_keys(self, rows: Any, n: int) -> torch.Tensor:
@@ -246,8 +267,8 @@ class HFRollout:
         step = int(getattr(self.worker, "global_step", 0) or 0)
         calls = self._calls[1] + 1 if self._calls[0] == step else 0
         self._calls = (step, calls)
-        if "sample_id" in rows.keys():
-            ids = rows["sample_id"].to(torch.int64)
+        if SAMPLE_ID in rows.keys():
+            ids = rows[SAMPLE_ID].to(torch.int64)
         else:  # no dataloader ids: draw a base from the global RNG (seeded, checkpointed)
             ids = torch.randint(0, 2**62, (1,)) + torch.arange(count) // max(n, 1)
         seed = int(select(self.config, "trainer.seed", 0) or 0)

@@ -15,12 +15,13 @@ those load into a sharded module as well (each rank takes its shard of the full 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import shutil
 import uuid
 import warnings
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -236,3 +237,19 @@ def _load_full(directory: str, module: torch.nn.Module, optimizer: Any,
     if "optimizer" in contents and optimizer is not None and os.path.exists(optim_path):
         load_optimizer_state(module, optimizer, torch.load(optim_path, weights_only=True),
                              sharded)
+
+
+def save_pretrained_dir(directory: str, module: torch.nn.Module,
+                        state: Dict[str, torch.Tensor], tokenizer: Any = None,
+                        finish: Optional[Callable[[str], None]] = None) -> None:
+    """A plain transformers directory (config, safetensors ``state``, tokenizer), written
+    atomically; ``finish(tmp_dir)`` may fix files before the directory appears."""
+    with atomic_dir(directory) as tmp:
+        kwargs: Dict[str, Any] = {"state_dict": state}
+        if "safe_serialization" in inspect.signature(module.save_pretrained).parameters:
+            kwargs["safe_serialization"] = True  # transformers 4.x
+        module.save_pretrained(tmp, **kwargs)
+        if finish is not None:
+            finish(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)

@@ -1,0 +1,85 @@
+"""``ActorEngine``: the policy's node-facing engine (role ``actor``), on any backend.
+
+Built by a backend's factory (``siirl.engine.fsdp.engines``, ``siirl.engine.megatron.
+engines``), which supplies the backend and its log-prob head. ``module`` is the
+transformers model a rollout generates with: the trained module itself on FSDP
+(``trains_module_in_place``), an HF copy refreshed by weight sync on megatron.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Optional
+
+import torch
+
+from siirl.dag_worker.core_algos import agg_loss
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
+from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.config import run_seed
+from siirl.engine.common.ppo_update import UpdateSettings
+from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
+from siirl.engine.common.weight_sync import Bucket
+from siirl.params import SiiRLArguments
+
+
+class ActorEngine(TrainedEngine):
+    """Log-probs (``compute_log_prob``), updates (``update_policy``), checkpoints, HF
+    export and weight export for the rollout."""
+
+    def __init__(self, backend: TrainBackend, cfg: SiiRLArguments, heads: LogProbHeads, *,
+                 tokenizer: Any = None, rollout_module: Optional[torch.nn.Module] = None,
+                 initial_module: Optional[torch.nn.Module] = None):
+        actor_cfg, rollout_cfg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        settings = UpdateSettings(
+            actor_cfg.ppo_mini_batch_size, actor_cfg.ppo_micro_batch_size_per_gpu,
+            actor_cfg.ppo_epochs, actor_cfg.shuffle, rollout_cfg.n, backend.dp_size,
+            run_seed(cfg))
+        self.actor = DataParallelPPOActor(
+            backend, actor_cfg, heads, temperature=rollout_cfg.temperature,
+            log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+            settings=settings,
+            lr_scheduler=initial_scheduler(backend.optimizer, actor_cfg.optim,
+                                           planned_steps(cfg, actor_cfg.optim)))
+        super().__init__(backend, self.actor.updater, actor_cfg.optim, actor_cfg.checkpoint)
+        self.tokenizer = tokenizer
+        self.loss_agg_mode = actor_cfg.loss_agg_mode
+        self.trains_module_in_place = rollout_module is None
+        self.module = backend.module if rollout_module is None else rollout_module
+        # A copy of the initial weights taken before sharding, for the reference policy
+        # (sharded modules cannot be copied later); handed over, never kept twice.
+        self.initial_module = initial_module
+
+    @property
+    def trainer(self) -> DataParallelPPOActor:
+        return self.actor
+
+    def compute_log_prob(self, batch: Any) -> NodeOutput:
+        """Adds ``old_log_probs``; logs the rollout policy's entropy as ``actor/entropy``."""
+        log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
+        batch.set("old_log_probs", log_probs)
+        metrics = {}
+        if "response_mask" in batch.keys():
+            metrics["actor/entropy"] = float(agg_loss(entropy, batch["response_mask"],
+                                                      self.loss_agg_mode))
+        return NodeOutput(batch=batch, metrics=metrics)
+
+    def update_policy(self, batch: Any) -> NodeOutput:
+        start = time.perf_counter()
+        self._scheduler()
+        metrics = self.actor.update_policy(batch)
+        self._trained()
+        seconds = time.perf_counter() - start
+        tokens = float(batch["attention_mask"].sum()) * self.actor.world_size
+        metrics["perf/actor_update_s"] = seconds
+        metrics["perf/actor_tokens_per_s"] = tokens / max(seconds, 1e-9)
+        return NodeOutput(batch=batch, metrics=metrics)
+
+    def export_hf(self, directory: str) -> None:
+        """A plain transformers directory (config, safetensors weights, tokenizer)."""
+        self.backend.export_hf(directory, self.tokenizer)
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The policy's HF-named full tensors in buckets (see ``common.weight_sync``)."""
+        return self.backend.export_weights(bucket_bytes)

@@ -1,0 +1,61 @@
+"""``ReferenceEngine``: the frozen initial policy (role ``reference``), on any backend.
+
+When neither ``actor.use_kl_loss`` nor ``algorithm.use_kl_in_reward`` is set, nothing
+reads ``ref_log_prob``, so the forward is skipped (a whole model forward saved per step,
+which matters on CPU) and the batch passes through with metric ``ref/skipped=1``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional
+
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
+from siirl.engine.common.backend import TrainBackend
+from siirl.params import SiiRLArguments
+
+
+def reference_needed(cfg: SiiRLArguments) -> bool:
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def initial_policy(actor: Any, load: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The policy's initial weights as a module of its own: the copy the actor took before
+    sharding (handed over: no second copy), a copy of the actor's module while it still
+    holds the loaded weights, else ``load()`` again."""
+    if actor is not None and getattr(actor, "initial_module", None) is not None:
+        module, actor.initial_module = actor.initial_module, None
+        return module
+    if actor is not None and actor.pristine and not actor.sharded:
+        return copy.deepcopy(actor.module)
+    return load()
+
+
+def reference_micro_batch(cfg: SiiRLArguments) -> Optional[int]:
+    ref = cfg.actor_rollout_ref
+    return ref.ref.log_prob_micro_batch_size_per_gpu or ref.actor.ppo_micro_batch_size_per_gpu
+
+
+class ReferenceEngine:
+    """``compute_ref_log_prob`` adds ``ref_log_prob``; ``backend`` is None when disabled."""
+
+    def __init__(self, cfg: SiiRLArguments, backend: Optional[TrainBackend] = None,
+                 heads: Optional[LogProbHeads] = None):
+        self.enabled = backend is not None
+        self.module = backend.module if backend is not None else None
+        self.actor = None
+        if backend is not None:
+            self.actor = DataParallelPPOActor(
+                backend, cfg.actor_rollout_ref.actor, heads,
+                temperature=cfg.actor_rollout_ref.rollout.temperature,
+                log_prob_micro_batch_size=reference_micro_batch(cfg))
+
+    def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
+        if not self.enabled:
+            return NodeOutput(batch=batch, metrics={"ref/skipped": 1.0})
+        log_probs, _ = self.actor.compute_log_prob(batch)
+        batch.set("ref_log_prob", log_probs)
+        return NodeOutput(batch=batch, metrics={})

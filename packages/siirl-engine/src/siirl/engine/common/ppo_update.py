@@ -1,0 +1,154 @@
+"""The PPO update loop, written once for the actor and the critic on every backend.
+
+``ppo_epochs`` passes over the batch (shuffled per pass when ``shuffle``, seeded by the
+update count so a resumed run shuffles like an uninterrupted one), mini-batches of
+``ppo_mini_batch_size * rollout.n / data-parallel size`` rows, each one optimizer step
+over micro-batches of ``ppo_micro_batch_size_per_gpu`` rows run by the backend's
+``forward_backward_batch``. A step whose gradient norm is not finite is skipped, so one
+bad batch cannot poison weights or optimizer moments.
+
+Metrics: a :class:`MiniBatchLoss` adds each micro-batch's share of the mini-batch value to
+``totals``; they are averaged over mini-batches and summed over data-parallel ranks, so
+they read as one process computing on the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Protocol
+
+import torch
+
+from siirl.data_coordinator.protocol import split
+from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
+from siirl.engine.common.dp_utils import dp_sum
+from siirl.errors import ConfigError
+
+
+class MiniBatchLoss(Protocol):
+    """A role's loss plug-in (policy loss, value loss)."""
+
+    def bind(self, mini_batch: Any, num_micro: int, totals: Dict[str, float]) -> MicroLoss:
+        """The loss of one micro-batch of ``mini_batch``, weighted by its share of the
+        global mini-batch; metric shares go to ``totals``."""
+
+
+@dataclass
+class UpdateSettings:
+    """The batch arithmetic of one role's update (checked once, at construction)."""
+
+    mini_batch_prompts: int  # ppo_mini_batch_size
+    micro_batch_rows: int  # ppo_micro_batch_size_per_gpu; 0: the whole mini-batch
+    epochs: int = 1
+    shuffle: bool = False
+    rollout_n: int = 1
+    world_size: int = 1  # data-parallel size
+    seed: int = 0
+    key_prefix: str = ""  # where the keys live, for messages: "" (actor) or "critic."
+
+    def __post_init__(self) -> None:
+        self.mini_batch_prompts, self.epochs = int(self.mini_batch_prompts), int(self.epochs)
+        self.micro_batch_rows = int(self.micro_batch_rows or 0)
+        self.rollout_n, self.world_size = int(self.rollout_n), int(self.world_size)
+        if self.epochs < 1:
+            raise ConfigError(f"{self.key_prefix}ppo_epochs={self.epochs} must be at least 1")
+        if self.micro_batch_rows < 0:
+            raise ConfigError(f"{self.key_prefix}ppo_micro_batch_size_per_gpu="
+                              f"{self.micro_batch_rows} must not be negative")
+
+    def mini_batch_rows(self) -> int:
+        """Rows per mini-batch on this rank (verl: prompts * rollout.n / data-parallel size)."""
+        rows = self.mini_batch_prompts * self.rollout_n // self.world_size
+        if rows < 1:
+            raise ConfigError(f"{self.key_prefix}ppo_mini_batch_size={self.mini_batch_prompts}"
+                              f" * rollout.n={self.rollout_n} is smaller than the "
+                              f"data-parallel size {self.world_size}")
+        return rows
+
+    def micro_rows(self) -> int:
+        mini = self.mini_batch_rows()
+        micro = self.micro_batch_rows or mini
+        if mini % micro:
+            what = "critic " if self.key_prefix else ""
+            raise ConfigError(f"the per-rank {what}mini-batch ({mini} rows) must be a multiple "
+                              f"of {self.key_prefix}ppo_micro_batch_size_per_gpu={micro}")
+        return micro
+
+
+def num_micro_batches(rows: int, micro: int) -> int:
+    return max(1, math.ceil(rows / micro))
+
+
+class PPOUpdater:
+    """Runs updates of ``backend``'s model; counts them (checkpointed by the engine) and
+    steps the lr schedule once per update."""
+
+    def __init__(self, backend: TrainBackend, settings: UpdateSettings, metric_prefix: str,
+                 lr_scheduler: Any = None):
+        self.backend = backend
+        self.settings = settings
+        self.prefix = metric_prefix
+        self.lr_scheduler = lr_scheduler
+        self.update_count = 0
+
+    def update(self, data: Any, head: Head, loss: MiniBatchLoss) -> Dict[str, float]:
+        """Every epoch's mini-batch steps over ``data``; the update's metrics."""
+        backend, settings = self.backend, self.settings
+        mini, micro = settings.mini_batch_rows(), settings.micro_rows()
+        generator = None
+        if settings.shuffle:
+            generator = torch.Generator().manual_seed(settings.seed + self.update_count)
+        lr = float(backend.optimizer.param_groups[0]["lr"])
+        backend.module.train()
+        stats: Dict[str, List[float]] = defaultdict(list)
+        skipped = 0
+        for _ in range(settings.epochs):
+            epoch_data = data
+            if generator is not None:
+                epoch_data = data[torch.randperm(data.batch_size[0], generator=generator)]
+            for mini_batch in split(epoch_data, mini):
+                skipped += not self._step(mini_batch, micro, head, loss, stats)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.update_count += 1
+        grad_key = f"{self.prefix}/grad_norm"
+        grad_norms = stats.pop(grad_key, None)
+        metrics = {key: sum(values) / len(values) for key, values in stats.items()}
+        # each rank holds its share of the global value
+        metrics = dp_sum(metrics, backend.dp_size, backend.dp_group, backend.device)
+        # the grad norm is global already, so every rank skips the same steps; nan when
+        # every step was skipped
+        metrics[grad_key] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        metrics[f"{self.prefix}/skipped_steps"] = float(skipped)
+        metrics[f"{self.prefix}/lr"] = lr
+        return metrics
+
+    def _step(self, mini_batch: Any, micro: int, head: Head, loss: MiniBatchLoss,
+              stats: Dict[str, List[float]]) -> bool:
+        """Accumulate over micro-batches, clip, step; False if the step was skipped."""
+        backend = self.backend
+        mini_batch = mini_batch.to(backend.device)
+        totals: Dict[str, float] = defaultdict(float)
+        loss_fn = loss.bind(mini_batch, num_micro_batches(mini_batch.batch_size[0], micro),
+                            totals)
+        backend.zero_grad()
+        backend.forward_backward_batch(mini_batch, micro, head, loss_fn)
+        for key, value in totals.items():
+            stats[key].append(value)
+        grad_norm = backend.optimizer_step()
+        if not math.isfinite(grad_norm):
+            return False
+        stats[f"{self.prefix}/grad_norm"].append(grad_norm)
+        return True
+
+
+def forward_rows(backend: TrainBackend, data: Any, micro_rows: Optional[int],
+                 head: Head) -> Dict[str, torch.Tensor]:
+    """The head's outputs for every row of ``data`` (no gradients), on the CPU."""
+    rows = data.batch_size[0]
+    backend.module.eval()
+    with torch.no_grad():
+        return backend.forward_backward_batch(data, int(micro_rows or rows or 1), head,
+                                              forward_only=True)

@@ -1,0 +1,32 @@
+"""Where an engine runs: its device, its data-parallel rank and size, its process group."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+
+from siirl.execution.device import resolve_device
+
+__all__ = ["data_parallel_world", "process_group", "resolve_device", "should_shard"]
+
+
+def data_parallel_world(worker: Any) -> Tuple[int, int]:
+    """(rank, data-parallel size) from the worker, else from torch.distributed."""
+    if worker is not None:
+        return int(getattr(worker, "rank", 0)), int(getattr(worker, "world_size", 1))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def process_group(worker: Any, role: str) -> Any:
+    """The worker's process group for ``role`` (None: the default group)."""
+    lookup = getattr(worker, "process_group", None)
+    return lookup(role) if callable(lookup) else None
+
+
+def should_shard(group: Any = None) -> bool:
+    """True when ``group`` (default: the world) has more than one rank."""
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size(group) > 1)

@@ -1,0 +1,129 @@
+"""``FSDPBackend``: the training verbs over one torch module, plain or FSDP2-sharded.
+
+Every rank runs the same number of forwards on its own rows; FSDP2 averages gradients over
+the data-parallel ranks. Batches live on the CPU between nodes; each micro-batch moves to
+the module's device for its forward, and forward-only results come back to the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import torch
+
+from siirl.data_coordinator.protocol import split
+from siirl.engine.common import checkpoint as ckpt
+from siirl.engine.common.backend import Head, MicroLoss, concat_outputs
+from siirl.engine.common.dp_utils import clip_grad_norm
+from siirl.engine.common.weight_sync import Bucket, buckets_of
+from siirl.engine.fsdp.sharding import fix_architectures
+from siirl.errors import ConfigError
+
+# fsdp_config.model_dtype -> autocast dtype; None keeps everything in the weights' dtype
+_COMPUTE_DTYPES = {
+    "fp32": None, "float32": None,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+
+
+def compute_dtype(model_dtype: Optional[str]) -> Optional[torch.dtype]:
+    """The autocast dtype ``fsdp_config.model_dtype`` asks for (None: fp32, the default).
+
+    Weights (and so optimizer state) stay in the dtype they were loaded in; a low-precision
+    ``model_dtype`` only runs the forward under autocast, and outputs come back as fp32.
+    """
+    if model_dtype is None:
+        return None
+    key = str(model_dtype).replace("torch.", "")
+    if key not in _COMPUTE_DTYPES:
+        raise ConfigError(f"fsdp_config.model_dtype={model_dtype!r} is not supported; "
+                          f"supported: {', '.join(sorted(_COMPUTE_DTYPES))}")
+    return _COMPUTE_DTYPES[key]
+
+
+class FSDPBackend:
+    """``module`` (already sharded when ``sharded``), its optimizer (None: forward only)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any = None, *, dp_rank: int = 0,
+                 dp_size: int = 1, dp_group: Any = None, sharded: bool = False,
+                 grad_clip: Any = 1.0, autocast_dtype: Optional[torch.dtype] = None):
+        self.module, self.optimizer = module, optimizer
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.sharded = sharded
+        self.grad_clip = grad_clip
+        self.autocast_dtype = autocast_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # ---- training verbs ------------------------------------------------------------
+
+    def forward_backward_batch(self, data: Any, micro_rows: int, head: Head,
+                               loss_fn: Optional[MicroLoss] = None,
+                               forward_only: bool = False) -> Optional[Dict[str, torch.Tensor]]:
+        device = self.device
+        parts = []
+        for micro in split(data, micro_rows):
+            micro = micro.to(device)
+            with self._autocast():
+                outputs = head.fn(self.module, micro)
+            outputs = {name: value.float() for name, value in outputs.items()
+                       if value is not None}
+            if forward_only:
+                parts.append(outputs)
+            else:
+                loss_fn(micro, outputs).backward()
+        return concat_outputs(parts, head.outputs) if forward_only else None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> float:
+        grad_norm = clip_grad_norm(self.module, self.grad_clip)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)  # skipped: drop the bad gradients
+            return grad_norm
+        self.optimizer.step()
+        return grad_norm
+
+    def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        return metrics  # every data-parallel rank computed the global values already
+
+    # ---- persistence ---------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str, extra: Dict[str, Any],
+                        contents: Tuple[str, ...]) -> None:
+        ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
+                             sharded=self.sharded, rank=self.dp_rank, group=self.dp_group,
+                             contents=contents)
+
+    def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
+        return ckpt.load_checkpoint(directory, self.module, self.optimizer,
+                                    sharded=self.sharded, group=self.dp_group,
+                                    contents=contents)
+
+    def export_hf(self, directory: str, tokenizer: Any) -> None:
+        """A plain transformers directory (config, safetensors weights, tokenizer)."""
+        state = ckpt.model_state_dict(self.module, self.sharded)
+        if self.dp_rank == 0:
+            finish = ((lambda tmp: fix_architectures(tmp, self.module)) if self.sharded
+                      else None)
+            ckpt.save_pretrained_dir(directory, self.module, state, tokenizer, finish)
+        if self.sharded:
+            torch.distributed.barrier(group=self.dp_group)
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The full (unsharded) HF-named tensors in buckets of about ``bucket_bytes``
+        (collective when sharded: every rank gathers each tensor)."""
+        named = ((name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+                 for name, tensor in self.module.state_dict().items())
+        yield from buckets_of(named, bucket_bytes)

@@ -1,0 +1,151 @@
+"""The ``fsdp`` engine plugin (entry point ``siirl.engines: fsdp``): actor, reference and
+critic on torch modules.
+
+``fsdp_engine(role, config, worker, peers)`` builds the engine of a role. With
+``torch.distributed`` initialised and more than one rank in the role's group, modules are
+sharded with FSDP2 (``fully_shard`` on each decoder layer, then on the root); otherwise
+they run as plain modules, which is the single-process CPU/GPU case.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+
+from siirl.engine.actor.engine import ActorEngine
+from siirl.engine.actor.reference import ReferenceEngine, initial_policy, reference_needed
+from siirl.engine.common.backend import Head
+from siirl.engine.common.config import run_seed, typed_config
+from siirl.engine.common.model_loading import load_policy
+from siirl.engine.common.optim import build_optimizer
+from siirl.engine.common.runtime import (
+    data_parallel_world,
+    process_group,
+    resolve_device,
+    should_shard,
+)
+from siirl.engine.critic.engine import CriticEngine
+from siirl.engine.critic.value_model import build_value_model, response_values
+from siirl.engine.fsdp.backend import FSDPBackend, compute_dtype
+from siirl.engine.fsdp.sharding import shard_fsdp2
+from siirl.engine.models.logprob import response_logprobs
+from siirl.errors import ConfigError
+
+
+def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float, bool], Head]:
+    """Log-prob heads over a transformers module (``logprob_fn`` defaults to
+    ``siirl.engine.models.logprob.response_logprobs``)."""
+    fn = logprob_fn or response_logprobs
+
+    def heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
+        def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
+            log_probs, entropy = fn(module, micro["input_ids"], micro["attention_mask"],
+                                    micro["position_ids"], response_length=response_length,
+                                    temperature=temperature,
+                                    calculate_entropy=calculate_entropy)
+            return {"log_probs": log_probs, "entropy": entropy}
+
+        names = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
+        return Head(head, names)
+
+    return heads
+
+
+def value_heads(value_fn: Optional[Callable] = None) -> Callable[[int], Head]:
+    """Value heads over a value model (``value_fn`` defaults to ``response_values``)."""
+    fn = value_fn or response_values
+
+    def heads(response_length: int) -> Head:
+        def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
+            return {"values": fn(module, micro["input_ids"], micro["attention_mask"],
+                                 micro["position_ids"], response_length)}
+
+        return Head(head, ("values",))
+
+    return heads
+
+
+def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Module] = None,
+               tokenizer: Any = None, logprob_fn: Optional[Callable] = None) -> ActorEngine:
+    """The policy; ``module``/``tokenizer``/``logprob_fn`` may be injected (tests, custom
+    models), by default the model of ``actor_rollout_ref.model`` is loaded in fp32."""
+    cfg = typed_config(config)
+    actor_cfg = cfg.actor_rollout_ref.actor
+    rank, world_size = data_parallel_world(worker)
+    if module is None:
+        module, tokenizer = load_policy(cfg)
+    group = process_group(worker, "actor")
+    sharded = should_shard(group)
+    initial = None
+    if sharded:
+        # Sharded modules cannot be deep-copied later, so when a reference policy will be
+        # needed its initial weights are copied now, before sharding and any update.
+        if reference_needed(cfg):
+            initial = copy.deepcopy(module)
+        shard_fsdp2(module, actor_cfg.fsdp_config.reshard_after_forward, group)
+    backend = FSDPBackend(module, build_optimizer(module.parameters(), actor_cfg.optim),
+                          dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
+                          grad_clip=actor_cfg.grad_clip,
+                          autocast_dtype=compute_dtype(actor_cfg.fsdp_config.model_dtype))
+    return ActorEngine(backend, cfg, logprob_heads(logprob_fn), tokenizer=tokenizer,
+                       initial_module=initial)
+
+
+def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngine] = None,
+                   module: Optional[torch.nn.Module] = None,
+                   logprob_fn: Optional[Callable] = None) -> ReferenceEngine:
+    """The frozen initial policy: ``module``, else the initial weights of ``actor``."""
+    cfg = typed_config(config)
+    if not reference_needed(cfg):
+        return ReferenceEngine(cfg)
+    if module is None:
+        module = initial_policy(actor, lambda: load_policy(cfg)[0])
+    module.requires_grad_(False)
+    module.eval()
+    group = process_group(worker, "reference")
+    sharded = should_shard(group)
+    ref_cfg = cfg.actor_rollout_ref.ref
+    if sharded:
+        shard_fsdp2(module, ref_cfg.fsdp_config.reshard_after_forward, group)
+    rank, world_size = data_parallel_world(worker)
+    backend = FSDPBackend(module, dp_rank=rank, dp_size=world_size, dp_group=group,
+                          sharded=sharded,
+                          autocast_dtype=compute_dtype(ref_cfg.fsdp_config.model_dtype))
+    return ReferenceEngine(cfg, backend, logprob_heads(logprob_fn))
+
+
+def fsdp_critic(config: Any, worker: Any = None, *, module: Optional[torch.nn.Module] = None,
+                value_fn: Optional[Callable] = None) -> CriticEngine:
+    """The value model of ``critic.model`` (default: the actor's model with a value head)
+    in fp32, with its own AdamW (``critic.optim``); ``module``/``value_fn`` injectable."""
+    cfg = typed_config(config)
+    critic_cfg = cfg.critic
+    rank, world_size = data_parallel_world(worker)
+    if module is None:
+        module = build_value_model(critic_cfg.model, seed=run_seed(cfg))
+        module.to(resolve_device(cfg))
+    group = process_group(worker, "critic")
+    sharded = should_shard(group)
+    if sharded:
+        shard_fsdp2(module, critic_cfg.model.fsdp_config.reshard_after_forward, group)
+    backend = FSDPBackend(module, build_optimizer(module.parameters(), critic_cfg.optim),
+                          dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
+                          grad_clip=critic_cfg.grad_clip,
+                          autocast_dtype=compute_dtype(critic_cfg.model.fsdp_config.model_dtype))
+    return CriticEngine(backend, cfg, value_heads(value_fn))
+
+
+def fsdp_engine(role: str, config: Any, worker: Any = None,
+                peers: Optional[Mapping[str, Any]] = None) -> Any:
+    """Entry point ``siirl.engines: fsdp``; ``peers`` are the worker's engines built
+    before this one (the reference starts from the actor's initial weights)."""
+    peers = peers or {}
+    if role == "actor":
+        return fsdp_actor(config, worker)
+    if role == "reference":
+        return fsdp_reference(config, worker, actor=peers.get("actor"))
+    if role == "critic":
+        return fsdp_critic(config, worker)
+    raise ConfigError(f"the fsdp engine serves roles actor, critic, reference, not {role!r}")

@@ -1,0 +1,131 @@
+"""``MegatronBackend``: the training verbs over a megatron GPT stage (or a value model whose
+backbone is one), every micro-batch run by megatron's own pipeline schedule
+(:func:`~siirl.engine.megatron.pipeline.run_pipeline`: 1F1B over the pipeline stages at
+PP > 1). Heads and losses run on the last stage; results and metrics computed there are
+broadcast to the other stages, since every stage of a pipeline hands the same rows on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+import torch
+
+from siirl.data_coordinator.protocol import split
+from siirl.engine.common import checkpoint as ckpt
+from siirl.engine.common.backend import Head, MicroLoss
+from siirl.engine.common.dp_utils import clip_grad_norm
+from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
+from siirl.engine.megatron import checkpointing
+from siirl.engine.megatron.chunks import model_chunks
+from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
+from siirl.engine.megatron.pipeline import run_pipeline
+from siirl.engine.megatron.sequence_parallel import sequence_multiple
+from siirl.engine.megatron.stages import PipelineStages
+from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
+
+
+class MegatronBackend:
+    """``module`` trains (the GPT stage, or the critic's value model around it);
+    ``schedule_model`` is the GPT stage the schedule runs (default: ``module``)."""
+
+    sharded = False  # megatron shards by tensor/pipeline parallelism, not FSDP
+
+    def __init__(self, module: torch.nn.Module, optimizer: Any = None, *,
+                 schedule_model: Optional[torch.nn.Module] = None, dp_rank: int = 0,
+                 dp_size: int = 1, dp_group: Any = None, tp_group: Any = None,
+                 grad_clip: Any = 1.0, grad_sync: Optional[Callable[[], None]] = None,
+                 replicated: Optional[Dict[str, torch.nn.Module]] = None,
+                 hf_module: Optional[torch.nn.Module] = None):
+        self.module, self.optimizer = module, optimizer
+        self.schedule_model = schedule_model if schedule_model is not None else module
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.tp_group, self.grad_clip = tp_group, grad_clip
+        # averages gradients over data parallelism when megatron's DDP does not
+        self.grad_sync = grad_sync
+        self.replicated = replicated or {}  # plain modules beside the GPT (value head)
+        # the transformers model the weights are exported as (the rollout's copy)
+        self.hf_module = hf_module
+        self.stages = PipelineStages(sequence_multiple(model_chunks(self.schedule_model)[0]
+                                                       .config))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    # ---- training verbs ------------------------------------------------------------
+
+    def forward_backward_batch(self, data: Any, micro_rows: int, head: Head,
+                               loss_fn: Optional[MicroLoss] = None,
+                               forward_only: bool = False) -> Optional[Dict[str, torch.Tensor]]:
+        device = self.device
+        schedule = self.stages.micro_batches(data, micro_rows, device)
+        if forward_only:
+            outputs = run_pipeline(self.schedule_model, schedule, head.fn, forward_only=True)
+            rows = data.batch_size[0]
+            shape = (rows, data["responses"].shape[-1])
+            result = {}
+            for name in head.outputs:
+                value = (torch.cat([o[name] for o in outputs])[:rows].float()
+                         if self.stages.is_last else None)
+                result[name] = self.stages.broadcast_rows(value, shape, device).cpu()
+            return result
+        micro_batches = split(data, micro_rows)  # equal sizes: micro divides the mini-batch
+
+        def step_loss(index: int, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+            return loss_fn(micro_batches[index], {name: value.float() for name, value in
+                                                  outputs.items() if value is not None})
+
+        run_pipeline(self.schedule_model, schedule, head.fn, step_loss)
+        return None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> float:
+        if isinstance(self.optimizer, MegatronOptimizer):
+            # gradients were reduced by the schedule's finalize_model_grads
+            return self.optimizer.step_if_finite()
+        if self.grad_sync is not None:
+            self.grad_sync()
+        grad_norm = clip_grad_norm(self.module, self.grad_clip, self.tp_group,
+                                   self.stages.group)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)  # skipped: drop the bad gradients
+            return grad_norm
+        self.optimizer.step()
+        return grad_norm
+
+    def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        return self.stages.broadcast_metrics(metrics)
+
+    # ---- persistence ---------------------------------------------------------------
+
+    def _gpt(self) -> torch.nn.Module:
+        return self.schedule_model
+
+    def save_checkpoint(self, directory: str, extra: Dict[str, Any],
+                        contents: Tuple[str, ...]) -> None:
+        checkpointing.save_checkpoint(directory, self._gpt(), self.optimizer, extra, contents,
+                                      self.dp_rank, self.replicated)
+
+    def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
+        return checkpointing.load_checkpoint(directory, self._gpt(), self.optimizer, contents,
+                                             self.replicated)
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """HF-named full tensors of the whole model, in buckets, on every rank (collective
+        over the tensor- and pipeline-parallel groups)."""
+        return iter_pipeline_hf_weights(self.schedule_model, self.hf_module.config,
+                                        bucket_bytes,
+                                        tp_group=self.tp_group, stages=self.stages)
+
+    def export_hf(self, directory: str, tokenizer: Any) -> None:
+        """The HF copy refreshed from the megatron weights (collective), saved as a
+        transformers directory by global rank 0."""
+        copy_into(self.hf_module, self.export_weights(DEFAULT_BUCKET_BYTES))
+        if torch.distributed.get_rank() == 0:
+            ckpt.save_pretrained_dir(directory, self.hf_module, self.hf_module.state_dict(),
+                                     tokenizer)
+        torch.distributed.barrier()

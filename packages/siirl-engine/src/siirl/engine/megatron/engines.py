@@ -1,0 +1,149 @@
+"""The ``megatron`` engine plugin (entry point ``siirl.engines: megatron``): actor,
+reference and critic on megatron-core's GPTModel, from the ``siirl-engine[megatron]`` extra.
+
+The HF checkpoint (or the built-in model) is loaded with transformers and converted by the
+weight bridge into this rank's GPTModel stage (or virtual-pipeline chunks; Transformer
+Engine layer spec when TE is importable, the local spec otherwise). The role engines are
+the backend-neutral ones of ``siirl.engine.actor`` / ``critic`` over a
+:class:`~siirl.engine.megatron.backend.MegatronBackend`; the actor steps megatron's DDP +
+distributed optimizer. The HF copy the ``hf`` rollout generates with is refreshed by the
+worker's weight-sync step from the backend's bucketed export, from every pipeline stage.
+docs/megatron.md has the details.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import megatron.core  # noqa: F401  (fails here, cleanly, without the [megatron] extra)
+import torch
+
+from siirl.engine.actor.engine import ActorEngine
+from siirl.engine.actor.reference import ReferenceEngine, initial_policy, reference_needed
+from siirl.engine.common.config import run_seed, typed_config
+from siirl.engine.common.model_loading import load_policy
+from siirl.engine.common.optim import build_optimizer
+from siirl.engine.common.runtime import resolve_device
+from siirl.engine.critic.engine import CriticEngine
+from siirl.engine.critic.value_model import ValueModel
+from siirl.engine.megatron.backend import MegatronBackend
+from siirl.engine.megatron.heads import MegatronBackbone, logprob_heads, value_heads
+from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
+from siirl.engine.models.loader import load_model_and_tokenizer
+from siirl.errors import ConfigError
+from siirl.params import SiiRLArguments
+
+logger = logging.getLogger(__name__)
+
+
+def _parallel_groups() -> Tuple[int, int, Any, Any]:
+    """(data-parallel rank, size, group or None, tensor-parallel group or None)."""
+    from megatron.core import parallel_state as ps
+
+    dp = ps.get_data_parallel_world_size()
+    tp_group = (ps.get_tensor_model_parallel_group()
+                if ps.get_tensor_model_parallel_world_size() > 1 else None)
+    return (ps.get_data_parallel_rank(), dp, ps.get_data_parallel_group() if dp > 1 else None,
+            tp_group)
+
+
+def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
+                  tp_group: Any = None) -> Optional[Callable[[], None]]:
+    """Gradient sync after the backward, where megatron's DDP does not run: sequence-parallel
+    norm weights summed over TP, then everything averaged over data parallelism."""
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
+
+    if world_size <= 1 and tp_group is None:
+        return None
+
+    def average() -> None:
+        sum_sequence_parallel_grads(module, tp_group)
+        if world_size <= 1:
+            return
+        for param in module.parameters():
+            if param.grad is not None:
+                torch.distributed.all_reduce(param.grad, group=group)
+                param.grad.div_(world_size)
+    return average
+
+
+def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp: int,
+                     tp_group: Any):
+    """(optimizer, grad sync): megatron's DDP + distributed optimizer (or its plain one
+    with ``use_distributed_optimizer=false``); with virtual pipeline chunks torch AdamW
+    and an all-reduce (megatron's DDP wraps one chunk per instance: not wired yet)."""
+    from megatron.core import parallel_state
+
+    from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
+
+    actor_cfg = cfg.actor_rollout_ref.actor
+    if (parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1) == 1:
+        return MegatronOptimizer(model, actor_cfg.optim, actor_cfg.grad_clip,
+                                 bool(actor_cfg.megatron.use_distributed_optimizer)), None
+    logger.warning("virtual pipeline stages: the actor uses torch AdamW with gradients "
+                   "all-reduced over data parallelism, not megatron's distributed optimizer")
+    return (build_optimizer(model.parameters(), actor_cfg.optim),
+            grad_averager(model, group, dp, tp_group))
+
+
+def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
+    """The policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
+    cfg = typed_config(config)
+    init_megatron(cfg, run_seed(cfg))
+    rank, dp, group, tp_group = _parallel_groups()
+    hf_model, tokenizer = load_policy(cfg)
+    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg))
+    optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group)
+    backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
+                              tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
+                              grad_sync=grad_sync, hf_module=hf_model)
+    return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,
+                       initial_module=copy.deepcopy(hf_model) if dp > 1 else None)
+
+
+def megatron_reference(config: Any, worker: Any = None,
+                       actor: Optional[ActorEngine] = None) -> ReferenceEngine:
+    """Frozen initial policy as a megatron GPTModel (the actor's initial HF weights)."""
+    cfg = typed_config(config)
+    if not reference_needed(cfg):
+        return ReferenceEngine(cfg)
+    init_megatron(cfg, run_seed(cfg))  # one parallel state per process: the actor's sizes
+    rank, dp, _, _ = _parallel_groups()
+    hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
+    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg))
+    model.requires_grad_(False)
+    model.eval()
+    return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp),
+                           logprob_heads)
+
+
+def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
+    """PPO critic: the fsdp critic's value head (same seeded init) on a megatron GPTModel
+    built from ``critic.model``, with the actor's tensor/data-parallel layout."""
+    cfg = typed_config(config)
+    init_megatron(cfg, run_seed(cfg))
+    rank, dp, group, tp_group = _parallel_groups()
+    lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
+    model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg))
+    module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
+    backend = MegatronBackend(
+        module, build_optimizer(module.parameters(), cfg.critic.optim), schedule_model=model,
+        dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group,
+        grad_clip=cfg.critic.grad_clip, grad_sync=grad_averager(module, group, dp, tp_group),
+        replicated={"value_head": module.value_head})
+    return CriticEngine(backend, cfg, value_heads(module))
+
+
+def megatron_engine(role: str, config: Any, worker: Optional[Any] = None,
+                    peers: Optional[Mapping[str, Any]] = None) -> Any:
+    """Entry point ``siirl.engines: megatron``."""
+    if role == "actor":
+        return megatron_actor(config, worker)
+    if role == "reference":
+        return megatron_reference(config, worker, actor=(peers or {}).get("actor"))
+    if role == "critic":
+        return megatron_critic(config, worker)
+    raise ConfigError(f"the megatron engine serves roles actor, critic, reference, "
+                      f"not {role!r}")

@@ -1,0 +1,127 @@
+"""Megatron's parallel state and this rank's model, from the run's typed config.
+
+Parallel sizes come from ``actor_rollout_ref.actor.megatron`` (TP, PP, VPP, sequence
+parallel); data parallelism takes the remaining workers; context parallelism is refused
+(it needs Transformer Engine's attention). One parallel state per process: the reference
+and the critic share the actor's sizes.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Dict
+
+import torch
+
+from siirl.errors import ConfigError
+from siirl.params import MegatronArguments, SiiRLArguments
+
+MEGATRON_KEY = "actor_rollout_ref.actor.megatron"
+# Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows
+# are consecutive workers: the planner's megatron layout (dag_worker/layouts.py) groups
+# consecutive ranks. (megatron's default puts PP outermost: tp-cp-ep-dp-pp.)
+RANK_ORDER = "tp-cp-ep-pp-dp"
+
+
+def parallel_sizes(mcfg: MegatronArguments) -> Dict[str, int]:
+    return {"tensor_model_parallel_size": int(mcfg.tensor_model_parallel_size or 1),
+            "pipeline_model_parallel_size": int(mcfg.pipeline_model_parallel_size or 1),
+            "context_parallel_size": int(mcfg.context_parallel_size or 1),
+            "virtual_pipeline_model_parallel_size":
+                int(mcfg.virtual_pipeline_model_parallel_size or 1)}
+
+
+def sequence_parallel(cfg: SiiRLArguments) -> bool:
+    """``megatron.sequence_parallel`` where it applies (it needs tensor parallelism)."""
+    mcfg = cfg.actor_rollout_ref.actor.megatron
+    return bool(mcfg.sequence_parallel) and parallel_sizes(mcfg)["tensor_model_parallel_size"] > 1
+
+
+def ensure_distributed() -> None:
+    """megatron's parallel state needs torch.distributed: a gloo world of one when this
+    worker runs alone (multi-worker jobs are initialised by the launcher)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+
+
+def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
+    """Initialise (once) megatron's parallel state for the run's sizes."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from siirl.engine.megatron.cpu_compat import enable_cpu_mode
+
+    sizes = parallel_sizes(cfg.actor_rollout_ref.actor.megatron)
+    tp, pp = sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"]
+    vpp = sizes["virtual_pipeline_model_parallel_size"]
+    if vpp > 1 and pp == 1:
+        raise ConfigError(f"{MEGATRON_KEY}.virtual_pipeline_model_parallel_size={vpp} needs "
+                          "pipeline_model_parallel_size > 1")
+    if sizes["context_parallel_size"] != 1:
+        raise ConfigError(
+            f"{MEGATRON_KEY}.context_parallel_size={sizes['context_parallel_size']}: "
+            "context parallelism is not supported by this release (it needs Transformer "
+            "Engine's attention); use tensor and pipeline parallelism")
+    enable_cpu_mode()
+    ensure_distributed()
+    import torch.distributed as dist
+
+    if dist.get_world_size() % (tp * pp):
+        raise ConfigError(f"{MEGATRON_KEY}.tensor_model_parallel_size={tp} x "
+                          f"pipeline_model_parallel_size={pp} must divide the number of "
+                          f"workers ({dist.get_world_size()})")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+            order=RANK_ORDER)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    elif (parallel_state.get_tensor_model_parallel_world_size(),
+          parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        raise ConfigError(f"{MEGATRON_KEY}: TP {tp} x PP {pp} differs from the sizes the "
+                          "actor's megatron state was built with")
+
+
+def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
+                         sequence_parallel: bool = False) -> torch.nn.Module:
+    """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
+    virtual pipeline stages: its chunks, as one ModelChunks module)."""
+    from megatron.core import parallel_state as ps
+
+    from siirl.engine.megatron.bridge import load_hf_weights
+    from siirl.engine.megatron.chunks import ModelChunks
+    from siirl.engine.megatron.model import build_gpt_model
+
+    layers = int(hf_model.config.num_hidden_layers)
+    pp = ps.get_pipeline_model_parallel_world_size()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    if layers < pp:
+        raise ConfigError(f"{MEGATRON_KEY}.pipeline_model_parallel_size={pp} exceeds the "
+                          f"model's {layers} layers (each stage needs one)")
+    if vpp == 1:
+        model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
+                                post_process=ps.is_pipeline_last_stage(),
+                                sequence_parallel=sequence_parallel)
+        load_hf_weights(model, hf_model.state_dict(), hf_model.config)
+        return model.to(device)
+    if layers % (pp * vpp):
+        raise ConfigError(f"{MEGATRON_KEY}: pipeline_model_parallel_size={pp} x "
+                          f"virtual_pipeline_model_parallel_size={vpp} must divide the model's "
+                          f"{layers} layers")
+    chunks = ModelChunks([
+        build_gpt_model(hf_model.config,
+                        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=c),
+                        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=c),
+                        vp_stage=c, sequence_parallel=sequence_parallel)
+        for c in range(vpp)])
+    for c, chunk in enumerate(chunks):
+        stage, stages = chunks.virtual_stage(c)
+        load_hf_weights(chunk, hf_model.state_dict(), hf_model.config, pp_rank=stage,
+                        pp_size=stages)
+    return chunks.to(device)
