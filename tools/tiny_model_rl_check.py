@@ -10,7 +10,7 @@ import random
 import time
 
 import torch
-from make_tiny_model import (
+from tiny_arith import (
     PAD_ID,
     encode_prompts,
     generate,

@@ -56,6 +56,8 @@ def test_grpo_raises_reward(tmp_path):
                 "response_length/mean", "timing_s/rollout_actor", "timing_s/actor_train",
                 "perf/throughput"):
         assert key in steps[24], key
+    # the actor -> rollout weight sync is a timed step of its own after every update
+    assert all("timing_s/weight_sync" in steps[s] for s in steps)
     assert "val/arithmetic/score/mean" in vals[-1]
 
 

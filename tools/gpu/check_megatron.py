@@ -40,8 +40,8 @@ def tiny_models():
 
 
 def parity_checks(device: torch.device) -> dict:
-    from siirl.engine.megatron.bridge import hf_to_megatron, megatron_to_hf
     from siirl.engine.common.config import typed_config
+    from siirl.engine.megatron.bridge import hf_to_megatron, megatron_to_hf
     from siirl.engine.megatron_workers import (
         build_megatron_model,
         init_megatron,

@@ -63,6 +63,9 @@ def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path, fsdp_run)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"):
         for step in (1, 2):  # step 2 also checks the weights synced back to the rollout
             assert abs(a[step][key] - b[step][key]) <= 1e-5 * max(1.0, abs(a[step][key])), key
+    # the rollout's HF copy is refreshed from megatron's weights by the weight-sync step
+    assert all(b[step]["weight_sync/bytes"] > 0 and "timing_s/weight_sync" in b[step]
+               for step in b)
     train(parts, *MEGATRON, "trainer.total_training_steps=2", "trainer.save_freq=2")
     ckpt = parts / "global_step_2" / "actor"
     assert (ckpt / "dist_ckpt").is_dir() and (ckpt / "huggingface" / "config.json").is_file()

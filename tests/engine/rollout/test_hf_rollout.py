@@ -187,7 +187,8 @@ def test_validate_uses_val_kwargs_and_greedy():
     assert val.batch_size == torch.Size([3])  # val_kwargs.n = 1, not rollout.n
     greedy = HFRollout(config=config(resp=6, do_sample=False), module=model, tokenizer=TOK)
     assert torch.equal(val["responses"], greedy.generate(prompt_batch(PROMPTS)).batch["responses"])
-    cfg["actor_rollout_ref"]["rollout"]["val_kwargs"]["n"] = 2
+    cfg["actor_rollout_ref"]["rollout"]["val_kwargs"]["n"] = 2  # config is read at build
+    engine = HFRollout(config=cfg, module=model, tokenizer=TOK)
     assert engine.generate(prompt_batch(PROMPTS), validate=True).batch.batch_size == (6,)
 
 
@@ -196,8 +197,7 @@ def test_uses_actor_module_in_place_and_restores_mode():
     model.train()
     model.model.layers[0].eval()  # a submodule the actor keeps in eval mode
     actor = SimpleNamespace(module=model, tokenizer=TOK)
-    worker = SimpleNamespace(engines=SimpleNamespace(get=lambda role: actor))
-    engine = HFRollout(role="rollout", config=config(resp=6), worker=worker)
+    engine = HFRollout(role="rollout", config=config(resp=6), peers={"actor": actor})
     before = engine.generate(prompt_batch(PROMPTS), validate=True).batch["responses"]
     assert model.training and not model.model.layers[0].training
     assert model.model.layers[1].training

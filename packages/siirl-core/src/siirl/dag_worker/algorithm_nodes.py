@@ -17,6 +17,16 @@ from typing import Any, Dict
 from siirl.dag_worker import core_algos
 from siirl.dag_worker.dag_utils import call_with_available
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import (
+    ADVANTAGES,
+    OLD_LOG_PROBS,
+    REF_LOG_PROB,
+    RESPONSE_MASK,
+    RETURNS,
+    TOKEN_LEVEL_REWARDS,
+    UID,
+    VALUES,
+)
 from siirl.execution.config_select import select
 
 KL_CTRL = "kl_ctrl"
@@ -56,11 +66,11 @@ def setup_algorithm_objects(worker: Any, config: Any) -> None:
 
 
 def _with_log_probs(worker: Any, batch: Any, metrics: Dict[str, Any]) -> Any:
-    if "old_log_probs" not in batch.keys():
+    if OLD_LOG_PROBS not in batch.keys():
         out = worker.engines.get("actor").compute_log_prob(batch)
         batch = out.batch
         metrics.update(out.metrics or {})
-    if "ref_log_prob" not in batch.keys():
+    if REF_LOG_PROB not in batch.keys():
         batch = worker.engines.get("reference").compute_ref_log_prob(batch).batch
     return batch
 
@@ -76,18 +86,19 @@ def compute_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput:
         metrics.update(kl_metrics)
     name = select(config, "algorithm.adv_estimator", "grpo")
     estimator = core_algos.get_adv_estimator_fn(name)
+    # the estimators' argument names are the field names (verl's), except index <- uid
     sources = {key: batch.get(key, None) for key in
-               ("token_level_rewards", "response_mask", "values")}
-    if "uid" in batch.keys():
+               (TOKEN_LEVEL_REWARDS, RESPONSE_MASK, VALUES)}
+    if UID in batch.keys():
         from siirl.data_coordinator.protocol import get_non_tensor
 
-        sources["index"] = get_non_tensor(batch, "uid")
+        sources["index"] = get_non_tensor(batch, UID)
     for key in _ESTIMATOR_SETTINGS:
         sources[key] = select(config, f"algorithm.{key}")
     advantages, returns = call_with_available(estimator, sources,
                                               f"advantage estimator '{name}'")
-    batch["advantages"], batch["returns"] = advantages, returns
-    mask = batch["response_mask"].bool()
+    batch[ADVANTAGES], batch[RETURNS] = advantages, returns
+    mask = batch[RESPONSE_MASK].bool()
     metrics.update({"critic/advantages/mean": advantages[mask].mean(),
                     "critic/returns/mean": returns[mask].mean()})
     return NodeOutput(batch=batch, metrics=metrics)

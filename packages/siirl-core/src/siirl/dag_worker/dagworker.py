@@ -177,7 +177,7 @@ class DAGWorker:
         took them, hand them over now (timed as ``timing_s/weight_sync``)."""
         if self.weight_sync.needed():
             for name, value in self.weight_sync.run().items():
-                self.metrics.add(name, value)
+                self.metrics.accumulate(name, value)
 
     def _moved(self, batch: Any, parent: str, child: str) -> Any:
         """``parent``'s output laid out as ``child`` needs it (the same object when the

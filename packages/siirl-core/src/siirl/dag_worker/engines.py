@@ -51,11 +51,12 @@ def roles_needed(graph: TaskGraph) -> list:
 
 
 def _accepts(factory: Any, name: str) -> bool:
+    """Whether ``factory`` names the keyword ``name`` (a ``**kwargs`` catch-all does not
+    count: such factories often forward their keywords to a base that lacks it)."""
     try:
-        params = inspect.signature(factory).parameters.values()
+        return name in inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 class WorkerEngines:

@@ -39,5 +39,9 @@ class MetricsCollector:
     def add(self, name: str, value: Any) -> None:
         self._metrics[name] = to_scalar(name, value)
 
+    def accumulate(self, name: str, value: Any) -> None:
+        """Add ``value`` to what ``name`` holds this step (e.g. a step that runs twice)."""
+        self._metrics[name] = self._metrics.get(name, 0.0) + to_scalar(name, value)
+
     def result(self) -> Dict[str, float]:
         return dict(self._metrics)

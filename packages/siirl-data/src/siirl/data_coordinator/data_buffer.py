@@ -30,6 +30,7 @@ from tensordict import TensorDict
 from tensordict.utils import is_non_tensor
 
 from siirl.data_coordinator.balance import plan_transfers
+from siirl.data_coordinator.fields import ATTENTION_MASK, UID
 from siirl.data_coordinator.protocol import batch_num_tokens, get_non_tensor, set_non_tensor
 from siirl.data_coordinator.transport import Piece, Traffic, exchange, transport_device
 from siirl.errors import DataError
@@ -226,8 +227,8 @@ class DataBuffer:
         return self.traffic.rows_sent
 
     def redistribute(self, batch: TensorDict | None, src: Layout, dst: Layout, *,
-                     group_key: str | None = "uid",
-                     token_key: str = "attention_mask") -> TensorDict | None:
+                     group_key: str | None = UID,
+                     token_key: str = ATTENTION_MASK) -> TensorDict | None:
         """Hand ``batch`` (rows held by ``src``'s source ranks) on to ``dst``; returns this
         rank's rows under ``dst`` (None if the rank is not in it). A collective: every rank
         of the group calls it, in the same order. Same layouts: returns ``batch`` itself."""

@@ -20,6 +20,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from tensordict.utils import is_non_tensor
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, UID
 from siirl.errors import DataError
 
 __all__ = [
@@ -125,7 +126,7 @@ def tensor_keys(batch: TensorDict) -> list[str]:
     return [k for k in batch.keys() if isinstance(batch.get(k), torch.Tensor)]  # noqa: SIM118
 
 
-def repeat_interleave(batch: TensorDict, n: int, uid_key: str = "uid") -> TensorDict:
+def repeat_interleave(batch: TensorDict, n: int, uid_key: str = UID) -> TensorDict:
     """Repeat each row ``n`` times consecutively (row0, row0, row1, row1, ...).
 
     If ``uid_key`` is absent, each original row first gets a fresh ``uuid4`` string, so
@@ -244,7 +245,7 @@ def merge(batches: Sequence[TensorDict]) -> TensorDict:
     return out
 
 
-def group_indices(batch: TensorDict, uid_key: str = "uid") -> dict[str, list[int]]:
+def group_indices(batch: TensorDict, uid_key: str = UID) -> dict[str, list[int]]:
     """Row indices of each group, groups in order of first appearance."""
     value = batch.get(uid_key, None)
     if value is None:
@@ -256,7 +257,7 @@ def group_indices(batch: TensorDict, uid_key: str = "uid") -> dict[str, list[int
     return groups
 
 
-def batch_num_tokens(batch: TensorDict, mask_key: str = "attention_mask") -> torch.Tensor:
+def batch_num_tokens(batch: TensorDict, mask_key: str = ATTENTION_MASK) -> torch.Tensor:
     """Per-row token counts: the ``mask_key`` mask summed over dim 1 (long tensor [B])."""
     mask = batch.get(mask_key, None)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:

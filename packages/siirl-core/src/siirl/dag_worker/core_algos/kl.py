@@ -31,6 +31,13 @@ import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean
 from siirl.dag_worker.name_registry import NameRegistry
+from siirl.data_coordinator.fields import (
+    OLD_LOG_PROBS,
+    REF_LOG_PROB,
+    RESPONSE_MASK,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+)
 from siirl.errors import ConfigError, DataError
 from siirl.execution.config_select import select
 
@@ -170,7 +177,7 @@ def registered_kl_controllers() -> list:
 
 # ---- in-reward KL penalty ------------------------------------------------------------
 
-_PENALTY_KEYS = ("token_level_scores", "old_log_probs", "ref_log_prob", "response_mask")
+_PENALTY_KEYS = (TOKEN_LEVEL_SCORES, OLD_LOG_PROBS, REF_LOG_PROB, RESPONSE_MASK)
 
 
 def apply_kl_penalty(batch: Any, kl_ctrl: Any, kl_penalty: str = "kl") -> Tuple[Any, dict]:
@@ -187,12 +194,12 @@ def apply_kl_penalty(batch: Any, kl_ctrl: Any, kl_penalty: str = "kl") -> Tuple[
     if missing:
         raise DataError(f"apply_kl_penalty needs {', '.join(missing)} in the batch "
                         f"(algorithm.use_kl_in_reward needs a reference policy)")
-    scores = batch["token_level_scores"]
-    mask = batch["response_mask"].to(scores.dtype)
+    scores = batch[TOKEN_LEVEL_SCORES]
+    mask = batch[RESPONSE_MASK].to(scores.dtype)
     with torch.no_grad():
-        kld = _estimate_kl(batch["old_log_probs"], batch["ref_log_prob"], kl_penalty) * mask
+        kld = _estimate_kl(batch[OLD_LOG_PROBS], batch[REF_LOG_PROB], kl_penalty) * mask
     beta = kl_ctrl.value
-    batch["token_level_rewards"] = scores - beta * kld
+    batch[TOKEN_LEVEL_REWARDS] = scores - beta * kld
     current_kl = masked_mean(kld, mask, axis=-1).mean(dim=0).item()
     kl_ctrl.update(current_kl=current_kl, n_steps=scores.shape[0])
     metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}

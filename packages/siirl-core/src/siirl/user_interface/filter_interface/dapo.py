@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, PROMPTS
 from siirl.data_coordinator.protocol import concat_left_padded, group_indices, select_rows
 from siirl.errors import ConfigError, DataError
 from siirl.execution.config_select import select
@@ -49,8 +50,8 @@ def _merge(parts, worker):
     if len(parts) == 1:
         return parts[0]
     pad_id = getattr(getattr(worker, "tokenizer", None), "pad_token_id", None) or 0
-    return concat_left_padded(parts, {"input_ids": pad_id, "prompts": pad_id,
-                                      "attention_mask": 0, "position_ids": 0})
+    return concat_left_padded(parts, {INPUT_IDS: pad_id, PROMPTS: pad_id,
+                                      ATTENTION_MASK: 0, POSITION_IDS: 0})
 
 
 def _target_groups(worker, config) -> int:

@@ -9,6 +9,7 @@ accuracy_upper_bound]`` are kept. Each worker filters its own rows: no data move
 from __future__ import annotations
 
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import COMPLETE
 from siirl.execution.config_select import select
 from siirl.user_interface.filter_interface.group_filter import filter_groups, row_values
 
@@ -17,7 +18,7 @@ def embodied_local_rank_sampling(batch, config=None, **kwargs) -> NodeOutput:
     prefix = "algorithm.embodied_sampling"
     lower = float(select(config, f"{prefix}.accuracy_lower_bound", 0.1))
     upper = float(select(config, f"{prefix}.accuracy_upper_bound", 0.9))
-    metric = select(config, f"{prefix}.metric", "complete")
+    metric = select(config, f"{prefix}.metric", COMPLETE)
     values = row_values(batch, metric)
     filtered, stats = filter_groups(
         batch, values, lambda group: lower <= float(group.float().mean()) <= upper)

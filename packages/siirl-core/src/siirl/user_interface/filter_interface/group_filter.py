@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from siirl.data_coordinator.fields import SCORE, TOKEN_LEVEL_REWARDS, TOKEN_LEVEL_SCORES
 from siirl.data_coordinator.protocol import get_non_tensor, group_indices, select_rows
 from siirl.errors import DataError
 
@@ -19,9 +20,9 @@ def row_values(batch: Any, metric: str) -> torch.Tensor:
     other name (e.g. ``acc``) is read from the batch field of that name (a tensor, summed
     over its trailing dims, or a non-tensor list of numbers).
     """
-    aliases = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}
-    if metric == "score" and "score" not in batch.keys():
-        aliases["score"] = "token_level_scores"
+    aliases = {"seq_reward": TOKEN_LEVEL_SCORES, "seq_final_reward": TOKEN_LEVEL_REWARDS}
+    if metric == SCORE and SCORE not in batch.keys():
+        aliases[SCORE] = TOKEN_LEVEL_SCORES
     key = aliases.get(metric, metric)
     if key not in batch.keys():
         raise DataError(f"group filter metric '{metric}' needs batch field '{key}', which is "

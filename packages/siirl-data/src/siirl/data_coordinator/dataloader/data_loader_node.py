@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SAMPLE_ID
 from siirl.data_coordinator.protocol import make_batch
 from siirl.errors import DataError
 
@@ -51,13 +52,13 @@ def collate_left_pad(items: Sequence[dict], pad_token_id: int) -> TensorDict:
     """One batch from dataset items: padded tensors plus every other key as non-tensor."""
     if not items:
         raise DataError("cannot collate an empty list of items")
-    ids, mask, pos = left_pad([torch.as_tensor(it["input_ids"]) for it in items], pad_token_id)
-    keys = [k for k in items[0] if k != "input_ids"]
+    ids, mask, pos = left_pad([torch.as_tensor(it[INPUT_IDS]) for it in items], pad_token_id)
+    keys = [k for k in items[0] if k != INPUT_IDS]
     for i, it in enumerate(items):
         if set(it) != set(items[0]):
             raise DataError(f"item {i} has fields {sorted(it)}, item 0 has {sorted(items[0])}")
     return make_batch(
-        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+        tensors={INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: pos},
         non_tensors={k: [it[k] for it in items] for k in keys},
     )
 
@@ -139,8 +140,7 @@ class StatefulDataLoader:
             positions = range(start, min(start + self.batch_size, len(order)))
             batch = collate_left_pad([self.dataset[order[p]] for p in positions],
                                      self.pad_token_id)
-            batch.set("sample_id", torch.tensor([base + p for p in positions],
-                                                dtype=torch.long))
+            batch.set(SAMPLE_ID, torch.tensor([base + p for p in positions], dtype=torch.long))
             # counted before the yield, so a state taken while the consumer holds this
             # batch already says it was delivered
             self._batches_done += 1

@@ -18,6 +18,16 @@ from typing import Any
 
 import torch
 
+from siirl.data_coordinator.fields import (
+    ABILITY,
+    DATA_SOURCE,
+    EXTRA_INFO,
+    GROUND_TRUTH,
+    INDEX,
+    INPUT_IDS,
+    PROMPT_TEXT,
+    RAW_PROMPT,
+)
 from siirl.errors import ConfigError, DataError
 
 __all__ = ["PartitionedDataset", "encode_text", "render_prompt", "read_rows"]
@@ -136,11 +146,11 @@ def _validate(row: Any, where: str, prompt_key: str) -> dict:
     if reward.get("ground_truth") is None:
         raise DataError(f"{where}: missing required field 'reward_model.ground_truth'")
     return {
-        "raw_prompt": messages,
-        "data_source": row["data_source"],
-        "ability": row["ability"],
-        "ground_truth": reward["ground_truth"],
-        "extra_info": _as_dict(row.get("extra_info"), where, "extra_info"),
+        RAW_PROMPT: messages,
+        DATA_SOURCE: row["data_source"],
+        ABILITY: row["ability"],
+        GROUND_TRUTH: reward["ground_truth"],
+        EXTRA_INFO: _as_dict(row.get("extra_info"), where, "extra_info"),
     }
 
 
@@ -207,17 +217,16 @@ class PartitionedDataset:
             for row_no, row in enumerate(read_rows(path)):
                 where = f"{path}: row {row_no}"
                 item = _validate(row, where, self.prompt_key)
-                item["prompt_text"] = render_prompt(tokenizer, item["raw_prompt"],
-                                                    template_kwargs)
-                ids = encode_text(tokenizer, item["prompt_text"])
-                item["index"] = index
+                item[PROMPT_TEXT] = render_prompt(tokenizer, item[RAW_PROMPT], template_kwargs)
+                ids = encode_text(tokenizer, item[PROMPT_TEXT])
+                item[INDEX] = index
                 index += 1
                 if len(ids) > self.max_prompt_length:
                     if self.filter_overlong:
                         self.num_filtered += 1
                         continue
                     ids = self._truncate(ids, where)
-                item["input_ids"] = ids
+                item[INPUT_IDS] = ids
                 kept.append(item)
         if self.filter_overlong:
             logger.info("filtered %d of %d prompts longer than %d tokens from %s",
@@ -228,7 +237,7 @@ class PartitionedDataset:
         self.min_rank_rows = len(kept) // world_size
         self._items = kept[rank::world_size]
         for item in self._items:  # tensors only for the rows this rank keeps
-            item["input_ids"] = torch.tensor(item["input_ids"], dtype=torch.long)
+            item[INPUT_IDS] = torch.tensor(item[INPUT_IDS], dtype=torch.long)
 
     def _truncate(self, ids: list[int], where: str) -> list[int]:
         limit = self.max_prompt_length

@@ -18,6 +18,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    DATA_SOURCE,
+    EXTRA_INFO,
+    GROUND_TRUTH,
+    OVERLONG_REWARD,
+    RESPONSE_MASK,
+    RESPONSES,
+    REWARD_MODEL,
+    SCORE,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+    UID,
+)
 from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
 from siirl.engine.reward_manager.loader import custom_function_settings, load_custom_function
 from siirl.engine.reward_manager.overlong import overlong_penalty
@@ -58,7 +72,7 @@ class RewardManagerBase(abc.ABC):
         self.config = config
         self.worker = worker
         self._tokenizer = tokenizer
-        self.reward_fn_key = str(select(config, "data.reward_fn_key", "data_source"))
+        self.reward_fn_key = str(select(config, "data.reward_fn_key", DATA_SOURCE))
         path, fn_name, kwargs, self.config_timeout_s = custom_function_settings(config)
         self.custom_path: Optional[str] = None
         self.custom_name = fn_name
@@ -94,10 +108,10 @@ class RewardManagerBase(abc.ABC):
 
     @staticmethod
     def response_mask(batch: Any) -> torch.Tensor:
-        responses = batch.get("responses")
-        mask = batch.get("response_mask", None)
+        responses = batch.get(RESPONSES)
+        mask = batch.get(RESPONSE_MASK, None)
         if mask is None:  # batches from older rollouts: the response part of attention_mask
-            mask = batch.get("attention_mask")[:, -responses.shape[1]:]
+            mask = batch.get(ATTENTION_MASK)[:, -responses.shape[1]:]
         return mask
 
     def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> List[str]:
@@ -114,10 +128,10 @@ class RewardManagerBase(abc.ABC):
         return [default] * batch.batch_size[0]
 
     def _ground_truths(self, batch: Any) -> list:
-        if "ground_truth" in batch.keys():
-            return get_non_tensor(batch, "ground_truth")
-        if "reward_model" in batch.keys():  # verl's dataset layout: {"ground_truth": ...}
-            return [(rm or {}).get("ground_truth") for rm in get_non_tensor(batch, "reward_model")]
+        if GROUND_TRUTH in batch.keys():
+            return get_non_tensor(batch, GROUND_TRUTH)
+        if REWARD_MODEL in batch.keys():  # verl's dataset layout: {"ground_truth": ...}
+            return [(rm or {}).get(GROUND_TRUTH) for rm in get_non_tensor(batch, REWARD_MODEL)]
         raise DataError("the reward manager needs the per-row field 'ground_truth' (or verl's "
                         f"'reward_model' dict); batch fields: {', '.join(sorted(batch.keys()))}")
 
@@ -178,11 +192,11 @@ class RewardManagerBase(abc.ABC):
         return scores, extras, counts
 
     def compute_reward(self, batch: Any) -> NodeOutput:
-        responses = batch.get("responses")
+        responses = batch.get(RESPONSES)
         mask = self.response_mask(batch)
         data_sources = self._column(batch, self.reward_fn_key)
         ground_truths = self._ground_truths(batch)
-        extra_infos = self._column(batch, "extra_info", None)
+        extra_infos = self._column(batch, EXTRA_INFO, None)
         solutions = self.decode(responses, mask)
         rows = self._score_rows(data_sources, solutions, ground_truths, extra_infos)
         scores, extras, counts = self._normalise(rows, data_sources)
@@ -198,18 +212,17 @@ class RewardManagerBase(abc.ABC):
             token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(rewards)
         token_scores = token_scores.to(responses.device)
         out = batch.copy()  # shallow: the caller's batch keeps its fields
-        out.set("token_level_scores", token_scores)
-        out.set("token_level_rewards", token_scores.clone())
-        set_non_tensor(out, "score", scores)
+        out.set(TOKEN_LEVEL_SCORES, token_scores)
+        out.set(TOKEN_LEVEL_REWARDS, token_scores.clone())
+        set_non_tensor(out, SCORE, scores)
         # Extra result keys may not replace tensors or the columns the scores were read from.
         reserved = {k for k in out.keys() if isinstance(out.get(k), torch.Tensor)}
-        reserved |= {"score", "uid", self.reward_fn_key, "ground_truth", "extra_info",
-                     "reward_model"}
+        reserved |= {SCORE, UID, self.reward_fn_key, GROUND_TRUTH, EXTRA_INFO, REWARD_MODEL}
         for key, values in _extra_columns(extras, reserved).items():
             set_non_tensor(out, key, values)
         metrics = self._metrics(scores, token_scores, data_sources, counts)
         if penalty is not None:
-            set_non_tensor(out, "overlong_reward", penalty.tolist())
+            set_non_tensor(out, OVERLONG_REWARD, penalty.tolist())
             metrics["reward/overlong_penalty/mean"] = penalty.mean().item() if \
                 penalty.numel() else 0.0
             metrics["reward/overlong/ratio"] = (penalty < 0).float().mean().item() if \

@@ -1,9 +1,12 @@
 """``hf`` rollout: sample responses with the actor's own transformers module.
 
-No second copy of the weights: the module is fetched from the actor engine on every call
-(``worker.engines.get("actor").module``), so an optimizer step is visible to the next
-rollout as is. Decoding is a plain KV-cached loop (prefill once, then one token per step)
-rather than ``model.generate``: on CPU with small models the per-step overhead of
+No second copy of the weights: the module is the actor engine's (wired in as a peer),
+looked up on every call, so an optimizer step of an actor that trains it in place (fsdp)
+is visible to the next rollout as is; an actor that trains another copy (megatron) hands
+its weights over through the worker's weight-sync step (``load_weights``).
+
+Decoding is a plain KV-cached loop (prefill once, then one token per step) rather than
+``model.generate``: on CPU with small models the per-step overhead of
 ``generate`` dominates, and the loop's sampling (temperature, top-k, top-p) is exactly the
 one documented here, independent of the model's generation_config.
 
@@ -32,16 +35,13 @@ from siirl.data_coordinator.fields import (
     SAMPLE_ID,
     UID,
 )
+from siirl.engine.common.config import typed_config
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.models.logprob import accepts_kwarg
 from siirl.engine.rollout.keyed_random import row_keys, uniforms
-from siirl.execution.config_select import select
 
 __all__ = ["HFRollout", "decode", "postprocess_responses", "sample_next_token"]
-
-_RCFG = "actor_rollout_ref.rollout"
-
 
 def _as_int(value: Any) -> int | None:
     # A dict/dataclass config may still hold an unresolved "${...}" string.
@@ -142,6 +142,7 @@ class HFRollout:
                  peers: Mapping[str, Any] | None = None):
         self.role = role
         self.config = config
+        self.cfg = typed_config(config)  # read once; defaults are the schema's
         self.worker = worker
         self._module = module
         self._tokenizer = tokenizer
@@ -174,22 +175,23 @@ class HFRollout:
 
     def sampling(self, validate: bool) -> dict:
         """n, greedy, temperature, top_k, top_p for training or validation."""
-        base = f"{_RCFG}.val_kwargs" if validate else _RCFG
-        temperature = float(select(self.config, f"{base}.temperature", 0.0 if validate else 1.0))
-        do_sample = bool(select(self.config, f"{base}.do_sample", not validate))
-        top_k = _as_int(select(self.config, f"{base}.top_k", -1)) or -1
+        rollout = self.cfg.actor_rollout_ref.rollout
+        base = rollout.val_kwargs if validate else rollout
+        temperature = float(base.temperature or 0.0)
+        do_sample = bool(base.do_sample)
+        top_k = _as_int(base.top_k) or -1
         return {
-            "n": _as_int(select(self.config, f"{base}.n", 1)) or 1,
+            "n": _as_int(base.n) or 1,
             "greedy": (not do_sample) or temperature <= 0.0,
             "temperature": temperature if temperature > 0 else 1.0,
             "top_k": top_k if top_k > 0 else -1,  # -1 and 0 both mean "off"
-            "top_p": float(select(self.config, f"{base}.top_p", 1.0)),
+            "top_p": float(base.top_p),
         }
 
     def max_response_length(self) -> int:
-        length = _as_int(select(self.config, "data.max_response_length"))
+        length = _as_int(self.cfg.data.max_response_length)
         length = length if length is not None else _as_int(
-            select(self.config, f"{_RCFG}.response_length"))
+            self.cfg.actor_rollout_ref.rollout.response_length)
         if length is None:
             raise ValueError("set data.max_response_length (or rollout.response_length)")
         return length
@@ -213,7 +215,7 @@ class HFRollout:
         params = self.sampling(validate)
         width = self.max_response_length()
         eos_ids, pad_id = self.token_ids(module, tokenizer)
-        if select(self.config, f"{_RCFG}.ignore_eos", False):
+        if self.cfg.actor_rollout_ref.rollout.ignore_eos:
             eos_ids = []
         n = params.pop("n")
         if SAMPLE_ID in batch.keys() and UID not in batch.keys():
@@ -228,15 +230,14 @@ class HFRollout:
         else:
             prompt_pos = (prompt_mask.long().cumsum(dim=1) - 1).clamp(min=0)
         device = next(module.parameters()).device
-        chunk = _as_int(select(self.config, f"{_RCFG}.max_num_seqs")) or prompts.shape[0] or 1
+        chunk = _as_int(self.cfg.actor_rollout_ref.rollout.max_num_seqs) or prompts.shape[0] or 1
         # eval() turns dropout off; each submodule's mode is restored afterwards, so
         # submodules frozen in eval mode by the actor stay so
         modes = [(m, m.training) for m in module.modules()]
         module.eval()
         parts = []
         try:
-            reshard = bool(select(self.config, "actor_rollout_ref.actor.fsdp_config."
-                                  "reshard_after_forward", True))
+            reshard = bool(self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward)
             # sharded: weights gathered once per call, then every forward is local
             with full_weights(module, reshard):
                 for start in range(0, prompts.shape[0], chunk):
@@ -271,7 +272,7 @@ class HFRollout:
             ids = rows[SAMPLE_ID].to(torch.int64)
         else:  # no dataloader ids: draw a base from the global RNG (seeded, checkpointed)
             ids = torch.randint(0, 2**62, (1,)) + torch.arange(count) // max(n, 1)
-        seed = int(select(self.config, "trainer.seed", 0) or 0)
+        seed = int(self.cfg.trainer.seed or 0)
         within = torch.arange(count, dtype=torch.int64) % max(n, 1)
         return row_keys(seed, ids.cpu(), within, step, calls)
 

@@ -115,7 +115,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     import ray
 
     from siirl.execution.device import device_kind
-    from siirl.execution.scheduler.worker_process import WorkerProcess
+    from siirl.launch.worker_process import WorkerProcess
 
     num_workers = len(plan)
     device = str(select(config, "trainer.device", "auto") or "auto").lower()

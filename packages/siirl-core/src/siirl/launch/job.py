@@ -1,0 +1,39 @@
+"""One training job: load the pipeline, plan it over the workers, start them.
+
+One worker runs in this process (the embedded default: no Ray, no torch.distributed).
+More than one (``trainer.nnodes * trainer.n_gpus_per_node``) run as Ray actors, one per
+device (see ``ray_launcher``); ``trainer.device=cpu`` makes them CPU processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from siirl.execution.scheduler.task_scheduler import WorkerAssignment
+
+
+def run(config: Any, print_dag: bool = False) -> Optional[list]:
+    """Run the job (or only print its workflow and per-worker plan); rank 0's metric history."""
+    from siirl.execution.dag.task_loader import load_pipeline
+    from siirl.execution.scheduler.launch import num_workers
+    from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
+
+    graph = load_pipeline(config)
+    plan = TaskScheduler(num_workers(config)).schedule(graph)
+    if print_dag:
+        print(graph.format())
+        print(format_plan(plan))
+        return None
+    return start_workers(config, plan)
+
+
+def start_workers(config: Any, plan: List[WorkerAssignment]) -> list:
+    from siirl.dag_worker.dagworker import DAGWorker
+    from siirl.dag_worker.trainer_loop import Trainer
+
+    if len(plan) > 1:
+        from siirl.launch.ray_launcher import launch_ray
+
+        return launch_ray(config, plan)
+    worker = DAGWorker(plan[0].graph, config, rank=0, world_size=1)
+    return Trainer(worker).fit()  # setup() resolves every plugin before any step
