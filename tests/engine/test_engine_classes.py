@@ -36,3 +36,11 @@ def test_every_engine_class_with_a_parent_calls_its_init():
             if init is not None and not _calls_parent_init(init, bases):
                 offenders.append(f"{path.relative_to(ENGINE)}:{cls.lineno} {cls.name}")
     assert not offenders, offenders
+
+
+def test_engines_read_typed_config_not_dotted_keys():
+    """Engines read the schema's dataclasses (``common.config.typed_config``), built once,
+    instead of ``select(config, "a.b.c", default)`` calls whose defaults drift apart."""
+    readers = [str(path.relative_to(ENGINE)) for path in sorted(ENGINE.rglob("*.py"))
+               if "config_select" in path.read_text()]
+    assert not readers, readers

@@ -73,7 +73,7 @@ def test_missing_path_is_a_config_error(tmp_path):
         with pytest.raises(ConfigError) as err:
             loader.load_model(cfg)
         assert "actor_rollout_ref.model.path" in str(err.value)
-        assert loader.select(cfg, "path") in str(err.value)
+        assert loader.model_settings(cfg).path in str(err.value)
     with pytest.raises(ConfigError, match="local HF cache"):  # hub ids: cache only
         loader.load_tokenizer({"path": "no-such-org/no-such-model-xyz"})
 

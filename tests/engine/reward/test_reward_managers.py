@@ -45,13 +45,12 @@ def test_naive_scores_at_last_valid_token():
     assert m["reward/errors"] == 0.0
 
 
-def test_naive_mixed_sources_and_tokenizer_from_worker():
+def test_naive_mixed_sources_and_tokenizer_from_the_actor_peer():
     actor = SimpleNamespace(tokenizer=CharTokenizer())
-    worker = SimpleNamespace(engines=SimpleNamespace(get=lambda role: actor))
     batch = make_reward_batch(["#### 72", "no", "\\boxed{4}"],
                               ["openai/gsm8k", "openai/gsm8k", "math"], ["72", "72", "4"])
     out = NaiveRewardManager(role="reward", config=OmegaConf.create({}),
-                             worker=worker).compute_reward(batch)
+                             peers={"actor": actor}).compute_reward(batch)
     assert get_non_tensor(out.batch, "score") == [1.0, 0.0, 1.0]
     assert out.metrics["reward/openai/gsm8k/mean"] == 0.5
     assert out.metrics["reward/math/mean"] == 1.0

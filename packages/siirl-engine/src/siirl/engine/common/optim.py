@@ -15,15 +15,28 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
+from siirl.params import OptimArguments
+
+
+def optim_settings(optim_cfg: Any) -> OptimArguments:
+    """An ``optim`` node (typed, a DictConfig or a dict) as ``OptimArguments``: unset keys
+    take the schema's defaults, ``lr_scheduler_type`` follows ``warmup_style``."""
+    if isinstance(optim_cfg, OptimArguments):
+        return optim_cfg
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(optim_cfg):  # a node of a bigger config: resolve against it
+        optim_cfg = OmegaConf.to_container(optim_cfg, resolve=True)
+    schema = OmegaConf.structured(OptimArguments)
+    return OmegaConf.to_object(OmegaConf.merge(schema, optim_cfg or {}))
 
 
 def build_optimizer(params: Iterable, optim_cfg: Any) -> torch.optim.AdamW:
     """AdamW with ``lr``, ``betas``, ``weight_decay``; fused kernel where torch has one."""
     params = [p for p in params if getattr(p, "requires_grad", True)]
-    kwargs = dict(lr=float(select(optim_cfg, "lr", 1e-6)),
-                  betas=tuple(float(b) for b in select(optim_cfg, "betas", (0.9, 0.999))),
-                  weight_decay=float(select(optim_cfg, "weight_decay", 0.01)))
+    optim = optim_settings(optim_cfg)
+    kwargs = dict(lr=float(optim.lr), betas=tuple(float(b) for b in optim.betas),
+                  weight_decay=float(optim.weight_decay))
     try:
         # AdamW validates fused support (device, dtype, DTensor) at construction, so a
         # build without it fails here, not at the first step.
@@ -72,12 +85,9 @@ _STYLES: Dict[str, Tuple[Callable[[WarmupSchedule, int], float], bool]] = {
 }
 
 
-def _style(optim_cfg: Any) -> str:
-    # lr_scheduler_type is verl's newer name and defaults to ${.warmup_style}; a plain dict
-    # may still hold that interpolation unresolved, which means "not set".
-    style = select(optim_cfg, "lr_scheduler_type")
-    if not style or str(style).startswith("${"):
-        style = select(optim_cfg, "warmup_style", "constant")
+def _style(optim: OptimArguments) -> str:
+    # lr_scheduler_type is verl's newer name and follows warmup_style unless set
+    style = optim.lr_scheduler_type or optim.warmup_style or "constant"
     if style not in _STYLES:
         raise ConfigError(f"optim.lr_scheduler_type/warmup_style={style!r} is not supported; "
                           f"supported: {', '.join(sorted(_STYLES))}")
@@ -92,13 +102,14 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any,
     A wrapper optimizer (megatron's) names the torch optimizer holding its param groups in
     ``torch_optimizer``; the schedule drives that one."""
     optimizer = getattr(optimizer, "torch_optimizer", optimizer)
+    optim = optim_settings(optim_cfg)
     total = total_training_steps
     if total is None or total <= 0:
-        total = int(select(optim_cfg, "total_training_steps", -1))
-    style = _style(optim_cfg)
-    warmup = int(select(optim_cfg, "lr_warmup_steps", -1))
+        total = int(optim.total_training_steps)
+    style = _style(optim)
+    warmup = int(optim.lr_warmup_steps)
     if warmup <= 0:
-        ratio = float(select(optim_cfg, "lr_warmup_steps_ratio", 0.0))
+        ratio = float(optim.lr_warmup_steps_ratio or 0.0)
         if ratio > 0 and total <= 0:
             raise ConfigError("optim.lr_warmup_steps_ratio needs the number of training steps "
                               "(optim.total_training_steps); or set optim.lr_warmup_steps")
@@ -106,6 +117,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any,
     if _STYLES[style][1] and total <= 0:
         raise ConfigError(f"a {style} lr schedule needs optim.total_training_steps > 0")
     schedule = WarmupSchedule(style=style, warmup_steps=warmup, total_steps=max(total, 0),
-                              min_lr_ratio=float(select(optim_cfg, "min_lr_ratio", 0.0)),
-                              num_cycles=float(select(optim_cfg, "num_cycles", 0.5)))
+                              min_lr_ratio=float(optim.min_lr_ratio or 0.0),
+                              num_cycles=float(optim.num_cycles))
     return LambdaLR(optimizer, schedule)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from siirl.engine.common.optim import optim_settings
 from siirl.engine.megatron.optimizer import (
     build_distributed_optimizer,
     finish_grad_sync,
@@ -26,7 +27,6 @@ from siirl.engine.megatron.optimizer import (
     save_optimizer_checkpoint,
     zero_grad,
 )
-from siirl.execution.config_select import select
 
 OPTIM_DIR, LAYOUT_FILE = "dist_optim", "layout.json"
 
@@ -45,10 +45,10 @@ class MegatronOptimizer:
     def __init__(self, model: torch.nn.Module, optim_cfg: Any, grad_clip: Any,
                  use_distributed_optimizer: bool = True):
         clip = float(grad_clip) if grad_clip and float(grad_clip) > 0 else 0.0
+        optim = optim_settings(optim_cfg)
         self.ddp_model, self.megatron = build_distributed_optimizer(
-            model, lr=float(select(optim_cfg, "lr", 1e-6)),
-            betas=tuple(float(b) for b in select(optim_cfg, "betas", (0.9, 0.999))),
-            weight_decay=float(select(optim_cfg, "weight_decay", 0.01)), clip_grad=clip,
+            model, lr=float(optim.lr), betas=tuple(float(b) for b in optim.betas),
+            weight_decay=float(optim.weight_decay), clip_grad=clip,
             use_distributed_optimizer=use_distributed_optimizer)
         subs = getattr(self.megatron, "chained_optimizers", [self.megatron])
         if len(subs) != 1:

@@ -19,6 +19,7 @@ Everything is loaded with ``local_files_only=True``: loading never touches the n
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.resources
@@ -33,7 +34,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
+from siirl.params import ModelArguments
 
 BUILTIN_TINY_ARITH = "builtin:tiny-arith"
 SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
@@ -132,9 +133,23 @@ def _gguf_kwargs(gguf_file: str | None) -> dict:
     return {"gguf_file": gguf_file}
 
 
+def model_settings(model_cfg: Any) -> Any:
+    """A model node as the schema's dataclass: ``actor_rollout_ref.model`` /
+    ``critic.model`` objects pass through; a dict or DictConfig becomes ``ModelArguments``
+    (unset keys take the schema's defaults; keys of other model nodes are ignored)."""
+    if dataclasses.is_dataclass(model_cfg):
+        return model_cfg
+    from omegaconf import OmegaConf
+
+    values = (OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg)
+              else dict(model_cfg or {}))
+    known = {f.name for f in dataclasses.fields(ModelArguments)}
+    return ModelArguments(**{k: v for k, v in values.items() if k in known})
+
+
 def _import_external_lib(model_cfg: Any) -> None:
     # verl's model.external_lib: a module that registers custom architectures on import.
-    lib = select(model_cfg, "external_lib")
+    lib = model_cfg.external_lib
     if lib:
         importlib.import_module(str(lib))
 
@@ -161,8 +176,9 @@ def _plain(value: Any) -> Any:
 
 def load_tokenizer(model_cfg: Any) -> Any:
     """The tokenizer for ``model_cfg.path``, with a pad token and the custom chat template."""
-    kind, where, gguf_file = resolve_model_path(select(model_cfg, "path"))
-    kwargs = dict(trust_remote_code=bool(select(model_cfg, "trust_remote_code", False)),
+    model_cfg = model_settings(model_cfg)
+    kind, where, gguf_file = resolve_model_path(model_cfg.path)
+    kwargs = dict(trust_remote_code=bool(model_cfg.trust_remote_code),
                   local_files_only=True, **_gguf_kwargs(gguf_file))
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
@@ -170,7 +186,7 @@ def load_tokenizer(model_cfg: Any) -> Any:
         raise _load_error(kind, where, err) from err
     if tokenizer.pad_token_id is None:  # as verl: pad with EOS, masks tell them apart
         tokenizer.pad_token = tokenizer.eos_token
-    template = select(model_cfg, "custom_chat_template")
+    template = getattr(model_cfg, "custom_chat_template", None)  # not on critic.model
     if template:
         tokenizer.chat_template = str(template)
     return tokenizer
@@ -178,11 +194,12 @@ def load_tokenizer(model_cfg: Any) -> Any:
 
 def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
     """The causal LM for ``model_cfg.path`` in ``dtype`` (on CPU), with overrides applied."""
+    model_cfg = model_settings(model_cfg)
     _import_external_lib(model_cfg)
-    kind, where, gguf_file = resolve_model_path(select(model_cfg, "path"))
-    trust = bool(select(model_cfg, "trust_remote_code", False))
+    kind, where, gguf_file = resolve_model_path(model_cfg.path)
+    trust = bool(model_cfg.trust_remote_code)
     kwargs = dict(trust_remote_code=trust, local_files_only=True, **_gguf_kwargs(gguf_file))
-    overrides = _plain(select(model_cfg, "override_config", {}))
+    overrides = _plain(model_cfg.override_config)
     try:
         if overrides or kind != "gguf":  # reading a GGUF's config parses the file: skip it
             config = AutoConfig.from_pretrained(where, **kwargs)
@@ -192,7 +209,7 @@ def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
                                                      **kwargs)
     except OSError as err:  # missing files / not in the cache: the user's path is wrong
         raise _load_error(kind, where, err) from err
-    if select(model_cfg, "enable_gradient_checkpointing", False):
+    if model_cfg.enable_gradient_checkpointing:
         # non-reentrant: works with frozen inputs and with torch.no_grad log-prob passes.
         # transformers 5 renamed the method (the old name warns, and goes in v6).
         kwargs = {"use_reentrant": False}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,11 +33,11 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
+from siirl.engine.common.config import typed_config
 from siirl.engine.reward_manager.loader import custom_function_settings, load_custom_function
 from siirl.engine.reward_manager.overlong import overlong_penalty
 from siirl.engine.reward_score import default_compute_score
 from siirl.errors import ConfigError, DataError
-from siirl.execution.config_select import select
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +67,16 @@ class RewardManagerBase(abc.ABC):
 
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  tokenizer: Any = None, compute_score: Optional[Callable[..., Any]] = None,
-                 reward_kwargs: Optional[Dict[str, Any]] = None):
+                 reward_kwargs: Optional[Dict[str, Any]] = None,
+                 peers: Optional[Mapping[str, Any]] = None):
         self.role = role
         self.config = config
         self.worker = worker
         self._tokenizer = tokenizer
-        self.reward_fn_key = str(select(config, "data.reward_fn_key", DATA_SOURCE))
-        path, fn_name, kwargs, self.config_timeout_s = custom_function_settings(config)
+        self._actor = (peers or {}).get("actor")  # its tokenizer decodes the responses
+        self.cfg = typed_config(config)  # read once; defaults are the schema's
+        self.reward_fn_key = str(self.cfg.data.reward_fn_key or DATA_SOURCE)
+        path, fn_name, kwargs, self.config_timeout_s = custom_function_settings(self.cfg)
         self.custom_path: Optional[str] = None
         self.custom_name = fn_name
         if compute_score is not None:
@@ -95,15 +98,12 @@ class RewardManagerBase(abc.ABC):
 
     @property
     def tokenizer(self) -> Any:
-        # Looked up on first use: the actor engine may be built after this one.
         if self._tokenizer is None:
-            engines = getattr(self.worker, "engines", None)
-            actor = engines.get("actor") if engines is not None else None
-            self._tokenizer = getattr(actor, "tokenizer", None)
+            self._tokenizer = getattr(self._actor, "tokenizer", None)
             if self._tokenizer is None:
                 raise ConfigError(f"reward manager '{self.name}' needs a tokenizer to decode "
-                                  "responses: none was passed and the worker has no actor "
-                                  "engine with a tokenizer")
+                                  "responses: none was passed and no actor engine with a "
+                                  "tokenizer was wired in")
         return self._tokenizer
 
     @staticmethod
@@ -200,7 +200,7 @@ class RewardManagerBase(abc.ABC):
         solutions = self.decode(responses, mask)
         rows = self._score_rows(data_sources, solutions, ground_truths, extra_infos)
         scores, extras, counts = self._normalise(rows, data_sources)
-        penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.config)
+        penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.cfg)
         rewards = scores if penalty is None else \
             [s + p for s, p in zip(scores, penalty.tolist(), strict=True)]
 

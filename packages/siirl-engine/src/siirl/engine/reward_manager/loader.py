@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from siirl.engine.common.config import typed_config
 from siirl.errors import ConfigError
 
 # Read by the parallel manager as its per-row timeout; never passed to the user function.
@@ -63,16 +64,9 @@ def custom_function_settings(
     ``path`` is absolute (worker processes may run elsewhere) or None; ``timeout_s`` is
     taken out of ``reward_kwargs`` because it configures the manager, not the function.
     """
-    from omegaconf import DictConfig, OmegaConf
-
-    from siirl.execution.config_select import select
-
-    path = select(config, "custom_reward_function.path")
-    name = str(select(config, "custom_reward_function.name", "compute_score"))
-    kwargs = select(config, "custom_reward_function.reward_kwargs", {})
-    if isinstance(kwargs, DictConfig):
-        kwargs = OmegaConf.to_container(kwargs, resolve=True)
-    kwargs = dict(kwargs or {})
+    settings = typed_config(config).custom_reward_function
+    path, name = settings.path, str(settings.name or "compute_score")
+    kwargs = dict(settings.reward_kwargs or {})
     timeout = kwargs.pop(TIMEOUT_KWARG, None)
     if path:
         path = os.path.abspath(os.path.expanduser(str(path)))

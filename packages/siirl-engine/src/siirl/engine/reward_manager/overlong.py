@@ -13,21 +13,23 @@ from typing import Any, Optional
 
 import torch
 
+from siirl.engine.common.config import typed_config
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 
 _CFG = "reward_model.overlong_buffer"
 
 
 def overlong_penalty(lengths: torch.Tensor, config: Any) -> Optional[torch.Tensor]:
     """Per-row penalty (<= 0) for valid response ``lengths``, or None when disabled."""
-    if not select(config, f"{_CFG}.enable", False):
+    cfg = typed_config(config)
+    settings = cfg.reward_model.overlong_buffer
+    if not settings.enable:
         return None
-    buffer = int(select(config, f"{_CFG}.len", 0) or 0)
-    max_len = select(config, "data.max_response_length")
+    buffer = int(settings.len or 0)
+    max_len = cfg.data.max_response_length
     if buffer <= 0 or max_len is None or buffer > int(max_len):
         raise ConfigError(f"{_CFG}.len={buffer} must be in 1..data.max_response_length "
                           f"({max_len}) when {_CFG}.enable is set")
-    factor = float(select(config, f"{_CFG}.penalty_factor", 0.0) or 0.0)
+    factor = float(settings.penalty_factor or 0.0)
     exceed = lengths.to(torch.float32) - (int(max_len) - buffer)
     return torch.clamp(-exceed / buffer * factor, max=0.0)

@@ -13,7 +13,7 @@ before the kwargs reach the user's function.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional
 
 from siirl.engine.reward_manager._pool import RewardWorkerPool
 from siirl.engine.reward_manager.base import Failure, RewardManagerBase
@@ -31,8 +31,8 @@ class ParallelRewardManager(RewardManagerBase):
 
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  timeout_s: Optional[float] = None, num_workers: Optional[int] = None,
-                 **kwargs: Any):
-        super().__init__(role=role, config=config, worker=worker, **kwargs)
+                 peers: Optional[Mapping[str, Any]] = None, **kwargs: Any):
+        super().__init__(role=role, config=config, worker=worker, peers=peers, **kwargs)
         if timeout_s is None:
             timeout_s = (self.config_timeout_s if self.config_timeout_s is not None
                          else DEFAULT_TIMEOUT_S)
