@@ -19,8 +19,6 @@ from siirl.dag_worker.dag_utils import call_with_available
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
-    OLD_LOG_PROBS,
-    REF_LOG_PROB,
     RESPONSE_MASK,
     RETURNS,
     TOKEN_LEVEL_REWARDS,
@@ -66,12 +64,12 @@ def setup_algorithm_objects(worker: Any, config: Any) -> None:
 
 
 def _with_log_probs(worker: Any, batch: Any, metrics: Dict[str, Any]) -> Any:
-    if OLD_LOG_PROBS not in batch.keys():
-        out = worker.engines.get("actor").compute_log_prob(batch)
-        batch = out.batch
+    """The rollout policy's and the reference's log-probs, by running the worker's own
+    ``old_log_prob`` / ``ref_log_prob`` node functions early (they skip later)."""
+    for node_fn in (worker.compute_old_log_prob, worker.compute_ref_log_prob):
+        out = node_fn(batch)
+        batch = out.batch if out.batch is not None else batch
         metrics.update(out.metrics or {})
-    if REF_LOG_PROB not in batch.keys():
-        batch = worker.engines.get("reference").compute_ref_log_prob(batch).batch
     return batch
 
 

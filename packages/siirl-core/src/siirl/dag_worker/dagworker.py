@@ -29,6 +29,15 @@ from siirl.dag_worker.engines import WorkerEngines, roles_needed
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
 from siirl.dag_worker.weight_sync import RolloutWeightSync
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOG_PROBS,
+    POSITION_IDS,
+    PROMPTS,
+    REF_LOG_PROB,
+    UID,
+)
 from siirl.errors import PipelineError
 from siirl.execution.dag.task_graph import TaskGraph
 
@@ -192,7 +201,7 @@ class DAGWorker:
             self._buffer = DataBuffer(group)
         sent, start = self._buffer.bytes_sent, time.perf_counter()
         batch = self._common_prompt_width(batch, src)
-        moved = self._buffer.redistribute(batch, src, dst, group_key="uid")
+        moved = self._buffer.redistribute(batch, src, dst, group_key=UID)
         self.metrics.add(f"databuffer/{child}/bytes_sent", self._buffer.bytes_sent - sent)
         self.metrics.add(f"timing_s/databuffer/{child}", time.perf_counter() - start)
         return moved
@@ -205,9 +214,9 @@ class DAGWorker:
 
         from siirl.data_coordinator.protocol import left_pad_to
 
-        pads = {"input_ids": getattr(self.tokenizer, "pad_token_id", None) or 0,
-                "prompts": getattr(self.tokenizer, "pad_token_id", None) or 0,
-                "attention_mask": 0, "position_ids": 0}
+        pads = {INPUT_IDS: getattr(self.tokenizer, "pad_token_id", None) or 0,
+                PROMPTS: getattr(self.tokenizer, "pad_token_id", None) or 0,
+                ATTENTION_MASK: 0, POSITION_IDS: 0}
         mine = {key: int(batch.get(key).shape[-1]) for key in pads
                 if batch is not None and src.is_source(self.comm.rank) and key in batch.keys()}
         group = self._buffer.group
@@ -228,12 +237,12 @@ class DAGWorker:
         return self.engines.reward.compute_reward(batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
-        if "old_log_probs" in batch.keys():  # computed early for KL in the reward
+        if OLD_LOG_PROBS in batch.keys():  # computed early for KL in the reward
             return NodeOutput(batch=batch)
         return self.engines.actor.compute_log_prob(batch)
 
     def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
-        if "ref_log_prob" in batch.keys():
+        if REF_LOG_PROB in batch.keys():
             return NodeOutput(batch=batch)
         return self.engines.reference.compute_ref_log_prob(batch)
 

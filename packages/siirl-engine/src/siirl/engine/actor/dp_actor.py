@@ -24,13 +24,23 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from siirl.dag_worker.core_algos import agg_loss, agg_loss_units, get_policy_loss_fn, kl_penalty
+from siirl.data_coordinator.fields import (
+    ADVANTAGES,
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOG_PROBS,
+    POSITION_IDS,
+    REF_LOG_PROB,
+    RESPONSE_MASK,
+    RESPONSES,
+)
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.ppo_update import PPOUpdater, UpdateSettings, forward_rows
 from siirl.params import ActorArguments
 
-FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "old_log_probs", "advantages")
+FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
+UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, OLD_LOG_PROBS, ADVANTAGES)
 
 # head factory: (response_length, temperature, calculate_entropy) -> Head
 LogProbHeads = Callable[[int, float, bool], Head]
@@ -53,16 +63,16 @@ class PolicyLoss:
         mode = self.mode
         dp_active = dist_active(self.world_size)
         dp_scale = self.world_size if dp_active else 1  # the backend averages grads over ranks
-        total_units = agg_loss_units(mini_batch["response_mask"], mode)
+        total_units = agg_loss_units(mini_batch[RESPONSE_MASK], mode)
         if total_units is not None and dp_active:
             torch.distributed.all_reduce(total_units, group=self.group)
 
         def loss_of(micro_batch: Any, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
             log_prob, entropy = outputs["log_probs"], outputs["entropy"]
-            mask = micro_batch["response_mask"].float()
+            mask = micro_batch[RESPONSE_MASK].float()
             pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
-                old_log_prob=micro_batch["old_log_probs"], log_prob=log_prob,
-                advantages=micro_batch["advantages"], response_mask=mask,
+                old_log_prob=micro_batch[OLD_LOG_PROBS], log_prob=log_prob,
+                advantages=micro_batch[ADVANTAGES], response_mask=mask,
                 loss_agg_mode=mode, config=self.cfg)
             if self.entropy_coeff:
                 entropy_loss = agg_loss(entropy, mask, mode)
@@ -72,7 +82,7 @@ class PolicyLoss:
                 loss = pg_loss
             kl_loss = torch.zeros(())
             if self.use_kl:
-                kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], self.cfg.kl_loss_type)
+                kld = kl_penalty(log_prob, micro_batch[REF_LOG_PROB], self.cfg.kl_loss_type)
                 kl_loss = agg_loss(kld, mask, mode)
                 loss = loss + self.kl_coef * kl_loss
             # this micro-batch's share of the global mini-batch; a sum mode just adds up
@@ -152,7 +162,7 @@ class DataParallelPPOActor:
         """Log-probs ``[B, R]`` of the batch's responses (and their entropy, or None)."""
         require(batch, FORWARD_KEYS, "compute_log_prob")
         data = batch.select(*FORWARD_KEYS)
-        head = self.heads(data["responses"].shape[-1], self.temperature, calculate_entropy)
+        head = self.heads(data[RESPONSES].shape[-1], self.temperature, calculate_entropy)
         out = forward_rows(self.backend, data, self.log_prob_micro_batch_size, head)
         return out["log_probs"], out.get("entropy")
 
@@ -161,11 +171,11 @@ class DataParallelPPOActor:
         if self.updater is None or self.backend.optimizer is None:
             raise RuntimeError("this actor has no optimizer; it can only compute log-probs")
         use_kl = bool(self.config.use_kl_loss)
-        keys = UPDATE_KEYS + (("ref_log_prob",) if use_kl else ())
+        keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
         data = batch.select(*keys)
         self.updater.settings.micro_rows()  # a bad micro size fails before any work
-        head = self.heads(data["responses"].shape[-1], self.temperature, True)
+        head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)
         loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group)
         metrics = self.updater.update(data, head, loss)
         lr = metrics.pop("actor/lr")

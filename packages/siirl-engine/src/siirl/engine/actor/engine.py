@@ -15,6 +15,7 @@ import torch
 
 from siirl.dag_worker.core_algos import agg_loss
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import ATTENTION_MASK, OLD_LOG_PROBS, RESPONSE_MASK
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
@@ -58,10 +59,10 @@ class ActorEngine(TrainedEngine):
     def compute_log_prob(self, batch: Any) -> NodeOutput:
         """Adds ``old_log_probs``; logs the rollout policy's entropy as ``actor/entropy``."""
         log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
-        batch.set("old_log_probs", log_probs)
+        batch.set(OLD_LOG_PROBS, log_probs)
         metrics = {}
-        if "response_mask" in batch.keys():
-            metrics["actor/entropy"] = float(agg_loss(entropy, batch["response_mask"],
+        if RESPONSE_MASK in batch.keys():
+            metrics["actor/entropy"] = float(agg_loss(entropy, batch[RESPONSE_MASK],
                                                       self.loss_agg_mode))
         return NodeOutput(batch=batch, metrics=metrics)
 
@@ -71,7 +72,7 @@ class ActorEngine(TrainedEngine):
         metrics = self.actor.update_policy(batch)
         self._trained()
         seconds = time.perf_counter() - start
-        tokens = float(batch["attention_mask"].sum()) * self.actor.world_size
+        tokens = float(batch[ATTENTION_MASK].sum()) * self.actor.world_size
         metrics["perf/actor_update_s"] = seconds
         metrics["perf/actor_tokens_per_s"] = tokens / max(seconds, 1e-9)
         return NodeOutput(batch=batch, metrics=metrics)

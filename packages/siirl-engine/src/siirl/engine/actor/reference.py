@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import REF_LOG_PROB
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.params import SiiRLArguments
@@ -57,5 +58,5 @@ class ReferenceEngine:
         if not self.enabled:
             return NodeOutput(batch=batch, metrics={"ref/skipped": 1.0})
         log_probs, _ = self.actor.compute_log_prob(batch)
-        batch.set("ref_log_prob", log_probs)
+        batch.set(REF_LOG_PROB, log_probs)
         return NodeOutput(batch=batch, metrics={})

@@ -20,13 +20,22 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from siirl.dag_worker.core_algos import agg_loss_units, compute_value_loss
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    POSITION_IDS,
+    RESPONSE_MASK,
+    RESPONSES,
+    RETURNS,
+    VALUES,
+)
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.ppo_update import PPOUpdater, UpdateSettings, forward_rows
 from siirl.params import CriticArguments
 
-FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "values", "returns")
+FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
+UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, VALUES, RETURNS)
 
 # head factory: response_length -> Head with output "values"
 ValueHeads = Callable[[int], Head]
@@ -52,13 +61,13 @@ class ValueLoss:
     def bind(self, mini_batch: Any, num_micro: int, totals: Dict[str, float]) -> MicroLoss:
         mode = self.mode
         dp_scale = self.world_size if dist_active(self.world_size) else 1  # grads averaged
-        total_tokens, total_units = self._global_counts(mini_batch["response_mask"].float())
+        total_tokens, total_units = self._global_counts(mini_batch[RESPONSE_MASK].float())
 
         def loss_of(micro_batch: Any, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
             vpreds = outputs["values"]
-            mask = micro_batch["response_mask"].float()
+            mask = micro_batch[RESPONSE_MASK].float()
             vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds=vpreds, returns=micro_batch["returns"], values=micro_batch["values"],
+                vpreds=vpreds, returns=micro_batch[RETURNS], values=micro_batch[VALUES],
                 response_mask=mask, cliprange_value=self.cliprange, loss_agg_mode=mode)
             # this micro-batch's share of the global mini-batch; a sum mode just adds up
             share = (float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
@@ -119,10 +128,10 @@ class DataParallelPPOCritic:
         (when the batch has one) is 0, as verl leaves them."""
         require(batch, FORWARD_KEYS, "compute_values")
         data = batch.select(*FORWARD_KEYS)
-        head = self.heads(data["responses"].shape[-1])
+        head = self.heads(data[RESPONSES].shape[-1])
         values = forward_rows(self.backend, data, self.forward_micro_batch_size, head)["values"]
-        if "response_mask" in batch.keys():
-            values = values * batch["response_mask"].to(values.dtype)
+        if RESPONSE_MASK in batch.keys():
+            values = values * batch[RESPONSE_MASK].to(values.dtype)
         return values
 
     def update_critic(self, batch: Any) -> Dict[str, float]:
@@ -132,6 +141,6 @@ class DataParallelPPOCritic:
         require(batch, UPDATE_KEYS, "update_critic")
         data = batch.select(*UPDATE_KEYS)
         self.updater.settings.micro_rows()  # a bad micro size fails before any work
-        head = self.heads(data["responses"].shape[-1])
+        head = self.heads(data[RESPONSES].shape[-1])
         loss = ValueLoss(self.config, self.backend.dp_size, self.backend.dp_group)
         return self.backend.share_metrics(self.updater.update(data, head, loss))

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import RESPONSE_MASK, VALUES
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
 from siirl.engine.common.ppo_update import UpdateSettings
@@ -40,10 +41,10 @@ class CriticEngine(TrainedEngine):
     def compute_values(self, batch: Any) -> NodeOutput:
         """Adds ``values`` ``[B, R]`` (zero on padding); logs their mean."""
         values = self.critic.compute_values(batch)
-        batch.set("values", values)
+        batch.set(VALUES, values)
         metrics = {}
-        if "response_mask" in batch.keys():
-            mask = batch["response_mask"].float()
+        if RESPONSE_MASK in batch.keys():
+            mask = batch[RESPONSE_MASK].float()
             metrics["critic/values/mean"] = float((values * mask).sum()
                                                   / mask.sum().clamp_min(1))
         return NodeOutput(batch=batch, metrics=metrics)

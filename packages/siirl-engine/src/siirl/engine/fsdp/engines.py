@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from siirl.engine.actor.engine import ActorEngine
 from siirl.engine.actor.reference import ReferenceEngine, initial_policy, reference_needed
 from siirl.engine.common.backend import Head
@@ -41,8 +42,8 @@ def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float
 
     def heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            log_probs, entropy = fn(module, micro["input_ids"], micro["attention_mask"],
-                                    micro["position_ids"], response_length=response_length,
+            log_probs, entropy = fn(module, micro[INPUT_IDS], micro[ATTENTION_MASK],
+                                    micro[POSITION_IDS], response_length=response_length,
                                     temperature=temperature,
                                     calculate_entropy=calculate_entropy)
             return {"log_probs": log_probs, "entropy": entropy}
@@ -59,8 +60,8 @@ def value_heads(value_fn: Optional[Callable] = None) -> Callable[[int], Head]:
 
     def heads(response_length: int) -> Head:
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            return {"values": fn(module, micro["input_ids"], micro["attention_mask"],
-                                 micro["position_ids"], response_length)}
+            return {"values": fn(module, micro[INPUT_IDS], micro[ATTENTION_MASK],
+                                 micro[POSITION_IDS], response_length)}
 
         return Head(head, ("values",))
 

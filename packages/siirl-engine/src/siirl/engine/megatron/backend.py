@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from siirl.data_coordinator.fields import RESPONSES
 from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss
@@ -64,7 +65,7 @@ class MegatronBackend:
         if forward_only:
             outputs = run_pipeline(self.schedule_model, schedule, head.fn, forward_only=True)
             rows = data.batch_size[0]
-            shape = (rows, data["responses"].shape[-1])
+            shape = (rows, data[RESPONSES].shape[-1])
             result = {}
             for name in head.outputs:
                 value = (torch.cat([o[name] for o in outputs])[:rows].float()

@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict
 
 import torch
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from siirl.engine.common.backend import Head
 from siirl.engine.critic.value_model import response_values
 from siirl.engine.megatron.chunks import model_chunks
@@ -28,8 +29,8 @@ def value_heads(value_model: torch.nn.Module) -> Callable[[int], Head]:
 
     def heads(response_length: int) -> Head:
         def head(_stage: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-            return {"values": response_values(value_model, batch["input_ids"],
-                                              batch["attention_mask"], batch["position_ids"],
+            return {"values": response_values(value_model, batch[INPUT_IDS],
+                                              batch[ATTENTION_MASK], batch[POSITION_IDS],
                                               response_length)}
 
         return Head(head, ("values",))

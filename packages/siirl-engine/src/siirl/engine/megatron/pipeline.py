@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.model import forward_logits, megatron_attention_mask, unwrap_model
 from siirl.engine.models.logprob import logprobs_from_logits
@@ -36,11 +37,11 @@ def _check_micro_batches(micro_batches: Sequence[dict[str, torch.Tensor]],
                          equal_shapes: bool) -> tuple[int, int]:
     if not micro_batches:
         raise ValueError("a pipeline step needs at least one micro-batch")
-    shape = tuple(micro_batches[0]["input_ids"].shape)
+    shape = tuple(micro_batches[0][INPUT_IDS].shape)
     for index, batch in enumerate(micro_batches):
-        for key in ("input_ids", "attention_mask", "position_ids"):
+        for key in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS):
             got = tuple(batch[key].shape)
-            if got != shape and (equal_shapes or got != tuple(batch["input_ids"].shape)):
+            if got != shape and (equal_shapes or got != tuple(batch[INPUT_IDS].shape)):
                 raise ValueError(f"micro-batch {index}: {key} has shape {got}, expected "
                                  f"{shape} (megatron's schedule sends fixed-shape "
                                  "activations between pipeline stages)")
@@ -85,8 +86,8 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     def forward_step(data_iterator, module):
         index, batch = next(data_iterator)
         if not unwrap_model(module).post_process:  # hidden states [S, B, H] onwards
-            hidden = module(batch["input_ids"], batch["position_ids"],
-                            megatron_attention_mask(batch["attention_mask"]))
+            hidden = module(batch[INPUT_IDS], batch[POSITION_IDS],
+                            megatron_attention_mask(batch[ATTENTION_MASK]))
             return hidden, None
         outputs = last_stage_fn(module, batch)
 
@@ -164,12 +165,12 @@ def logprob_head(response_length: int, temperature: float = 1.0,
     them from the stage's logits."""
 
     def head(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        seq_len = batch["input_ids"].shape[1]
+        seq_len = batch[INPUT_IDS].shape[1]
         if not 0 < response_length < seq_len:
             raise ValueError(f"response_length={response_length} must be in [1, {seq_len - 1}]")
-        logits = forward_logits(module, batch["input_ids"], batch["position_ids"],
-                                batch["attention_mask"])
-        log_probs, entropy = logprobs_from_logits(logits, batch["input_ids"], response_length,
+        logits = forward_logits(module, batch[INPUT_IDS], batch[POSITION_IDS],
+                                batch[ATTENTION_MASK])
+        log_probs, entropy = logprobs_from_logits(logits, batch[INPUT_IDS], response_length,
                                                   temperature, calculate_entropy)
         return {"log_probs": log_probs, "entropy": entropy}
 
@@ -186,7 +187,7 @@ def pipeline_logprob_step(model: torch.nn.Module,
     ``S-R .. S-1`` under the logits at ``S-R-1 .. S-2`` divided by ``temperature``; then
     ``loss_fn(i, log_probs)`` returns a scalar loss. Returns, on the last stage,
     ``{"log_probs", "loss"}`` per micro-batch; on other stages an empty list."""
-    seq_len = micro_batches[0]["input_ids"].shape[1] if micro_batches else 0
+    seq_len = micro_batches[0][INPUT_IDS].shape[1] if micro_batches else 0
     if micro_batches and not 0 < response_length < seq_len:
         raise ValueError(f"response_length={response_length} must be in [1, {seq_len - 1}]")
     step_loss = None

@@ -10,7 +10,9 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-_SCHEDULE_KEYS = ("input_ids", "attention_mask", "position_ids")
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
+
+_SCHEDULE_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
 
 
 class PipelineStages:
@@ -39,7 +41,7 @@ class PipelineStages:
         filled up with copies of its last row (callers drop those rows' results). With
         sequence parallelism, sequences are left-padded to a multiple of the TP size."""
         total = data.batch_size[0]
-        seq_len = data["input_ids"].shape[1]
+        seq_len = data[INPUT_IDS].shape[1]
         extra = -seq_len % self.sequence_multiple
         out = []
         for start in range(0, total, rows):
@@ -47,7 +49,7 @@ class PipelineStages:
             if extra:  # masked, position 0: the response positions stay where they were
                 micro = {key: torch.nn.functional.pad(value, (extra, 0))
                          for key, value in micro.items()}
-            short = rows - micro["input_ids"].shape[0]
+            short = rows - micro[INPUT_IDS].shape[0]
             if short and self.size > 1:
                 micro = {key: torch.cat([value, value[-1:].expand(short, -1)])
                          for key, value in micro.items()}
