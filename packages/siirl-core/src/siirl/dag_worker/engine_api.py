@@ -2,7 +2,10 @@
 
 An entry point in ``siirl.engines``, ``siirl.rollouts`` or ``siirl.reward_managers`` names a
 factory ``factory(role: str, config: DictConfig, worker: DAGWorker) -> engine`` whose result
-has the methods below. Each method takes the batch (a TensorDict) and returns a NodeOutput
+has the methods below; a factory that names a ``peers`` keyword also gets the engines built
+before it (``{"actor": ..., ...}``: the actor is built first), so engines are wired
+explicitly. Optional, for the weight-sync step: an actor's ``weight_version`` and
+``export_weights(bucket_bytes)``, a rollout's ``load_weights(buckets) -> bytes``. Each method takes the batch (a TensorDict) and returns a NodeOutput
 (siirl.dag_worker.data_structures). The DAGWorker's built-in node methods only delegate to
 these, so a third-party engine is used exactly like ours.
 """
