@@ -21,7 +21,8 @@ def test_defaults_resolve_interpolations():
 def test_overrides_use_hydra_grammar():
     cfg = parse_config(["actor_rollout_ref.rollout.n=8", "data.train_files=[a.parquet,b.parquet]",
                         "actor_rollout_ref.actor.optim.lr=1e-6", "trainer.logger=[console]",
-                        "critic.enable=true", "trainer.total_training_steps=null"])
+                        "critic.enable=true", "algorithm.adv_estimator=gae",
+                        "trainer.total_training_steps=null"])
     assert cfg.actor_rollout_ref.rollout.n == 8
     assert list(cfg.data.train_files) == ["a.parquet", "b.parquet"]
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)

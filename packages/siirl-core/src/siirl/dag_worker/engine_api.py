@@ -5,7 +5,9 @@ factory ``factory(role: str, config: DictConfig, worker: DAGWorker) -> engine`` 
 has the methods below; a factory that names a ``peers`` keyword also gets the engines built
 before it (``{"actor": ..., ...}``: the actor is built first), so engines are wired
 explicitly. Optional, for the weight-sync step: an actor's ``weight_version`` and
-``export_weights(bucket_bytes)``, a rollout's ``load_weights(buckets) -> bytes``. Each method takes the batch (a TensorDict) and returns a NodeOutput
+``export_weights(bucket_bytes)``, a rollout's ``load_weights(buckets) -> bytes``.
+
+Each method takes the batch (a TensorDict) and returns a NodeOutput
 (siirl.dag_worker.data_structures). The DAGWorker's built-in node methods only delegate to
 these, so a third-party engine is used exactly like ours.
 """

@@ -3,7 +3,8 @@
 Order within a step (kept fixed so a resumed run replays an uninterrupted one exactly):
 run the graph -> validate if due -> log -> checkpoint if due. Resuming restores engine
 state, dataloader position, RNG states and algorithm state from the newest committed
-checkpoint (``trainer.resume_mode=auto``) or ``trainer.resume_from_path``.
+checkpoint (``trainer.resume_mode=auto``) or ``trainer.resume_from_path``. With
+``trainer.val_only`` the loop validates the loaded (or resumed) policy once and returns.
 
 Every worker of a multi-worker job runs this same loop in step with the others: step
 metrics are combined over workers (``worker.comm``) and logged once by rank 0, which also
@@ -128,6 +129,16 @@ class Trainer:
             metrics["timing_s/validation"] = time.perf_counter() - start
         return metrics
 
+    def _validate_only(self, tracking: Tracking) -> list:
+        """``trainer.val_only`` (verl): one validation of the policy as loaded, no training."""
+        val = self._validate()
+        if not val:
+            raise ConfigError("trainer.val_only=true, but this run has nothing to validate: it "
+                              "needs a validation set (data.val_files, or the built-in task) "
+                              "and a workflow with a rollout and a reward")
+        tracking.log(self.worker.global_step, val)
+        return [{"step": self.worker.global_step, **val}]
+
     def fit(self) -> list:
         from tqdm import tqdm
 
@@ -142,6 +153,8 @@ class Trainer:
         tracking = build_tracking(self.config) if comm.is_chief else Tracking([])
         history = []
         try:
+            if select(self.config, "trainer.val_only", False):
+                return self._validate_only(tracking)
             if not resumed and select(self.config, "trainer.val_before_train", True):
                 val = self._validate()
                 if val:

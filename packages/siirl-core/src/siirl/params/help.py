@@ -7,6 +7,7 @@ from typing import Any
 
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
+from siirl.params.key_support import help_tag
 
 
 def _doc(obj: Any) -> str:
@@ -45,6 +46,7 @@ def format_help(path: str = "") -> str:
         if dataclasses.is_dataclass(value):
             lines.append(f"  {f.name + '.':<36} (group) {_doc(value)}")
             continue
-        text = f.metadata.get("help", "")
+        text = " ".join(t for t in (f.metadata.get("help", ""),
+                                    help_tag(f"{path}.{f.name}")) if t)
         lines.append(f"  {f.name:<36} = {value!r}" + (f"   # {text}" if text else ""))
     return "\n".join(lines)

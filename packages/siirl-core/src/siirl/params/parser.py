@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
@@ -84,7 +85,7 @@ def _load_preset(path: str) -> DictConfig:
 
 def _parse_overrides(overrides: Sequence[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+    from hydra.errors import HydraException  # the lexer's errors are not OverrideParseException
 
     parser = OverridesParser.create()
     parsed = []
@@ -94,9 +95,9 @@ def _parse_overrides(overrides: Sequence[str]):
                               f"{suggest(text)}")
         try:
             parsed.append(parser.parse_override(text))
-        except OverrideParseException as exc:
-            raise ConfigError(f"cannot parse override '{text}': "
-                              f"{str(exc).splitlines()[0]}") from None
+        except HydraException as exc:
+            raise ConfigError(f"cannot parse override '{text}': {str(exc).splitlines()[0]} "
+                              "(quote a value with special characters: key='...')") from None
     return parsed
 
 
@@ -136,9 +137,15 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
         raise _error_for(exc, origin, key) from None
 
 
-def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = None) -> DictConfig:
+def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = None,
+                 check_support: bool = True) -> DictConfig:
     """Schema <- ``config_file`` (a preset YAML) <- ``overrides``; returns a resolved,
-    struct-mode DictConfig (unknown keys stay errors for later writers too)."""
+    struct-mode DictConfig (unknown keys stay errors for later writers too).
+
+    With ``check_support`` (the default), a key this release would ignore stops here with a
+    ``ConfigError`` when ignoring it changes what the user gets, and is named in a notice on
+    stderr when it only tunes something this run does not use (siirl/params/key_rules.py).
+    """
     # Dataclass groups reject unknown keys by themselves; free-form dicts (override_config,
     # reward_kwargs, ...) stay open so a preset may fill them.
     cfg = OmegaConf.structured(SiiRLArguments)
@@ -155,4 +162,9 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
     except OmegaConfBaseException as exc:
         raise _error_for(exc, "an interpolation (${...})") from None
     OmegaConf.set_struct(cfg, True)
+    if check_support:
+        from siirl.params.key_support import check_key_support
+
+        for line in check_key_support(cfg):
+            print(f"siirl: {line}", file=sys.stderr)
     return cfg

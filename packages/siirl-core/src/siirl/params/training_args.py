@@ -79,14 +79,15 @@ class AlgorithmArguments:
         default_factory=EmbodiedSamplingArguments)
     use_pf_ppo: bool = False
     pf_ppo: PFPPOArguments = field(default_factory=PFPPOArguments)
-    weight_factor_in_cpgd: str = "STD_weight"  # siiRL: CPGD weighting scheme
 
 
 @dataclass
 class TrainerArguments:
     """Training loop: epochs, cluster size, logging, validation and checkpointing."""
 
-    balance_batch: bool = True
+    # verl's default is true; siiRL never reorders a step's rows by length across workers,
+    # so the default says what runs (true is reported as not applying: params/key_rules.py)
+    balance_batch: bool = False
     total_epochs: int = field(default=8, metadata={"help": "Number of passes over train data."})
     total_training_steps: int | None = None
     project_name: str = field(
@@ -118,7 +119,10 @@ class TrainerArguments:
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
     val_before_train: bool = True
-    val_only: bool = False
+    val_only: bool = field(
+        default=False,
+        metadata={"help": "Validate the loaded (or resumed) policy once and exit, no training."},
+    )
     test_freq: int = field(default=50, metadata={"help": "Validate every N steps (-1 disables)."})
     critic_warmup: int = 0
     default_hdfs_dir: str | None = None

@@ -36,7 +36,12 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
-from siirl.engine.common.ppo_update import PPOUpdater, UpdateSettings, forward_rows
+from siirl.engine.common.ppo_update import (
+    PPOUpdater,
+    UpdateSettings,
+    UpdatingRole,
+    forward_rows,
+)
 from siirl.params import ActorArguments
 
 FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
@@ -103,7 +108,7 @@ class PolicyLoss:
         return loss_of
 
 
-class DataParallelPPOActor:
+class DataParallelPPOActor(UpdatingRole):
     """``compute_log_prob`` and ``update_policy`` of the policy on ``backend``.
 
     ``settings`` is the role's batch arithmetic (``None``: forward only, a reference);
@@ -113,50 +118,13 @@ class DataParallelPPOActor:
     def __init__(self, backend: TrainBackend, cfg: ActorArguments, heads: LogProbHeads, *,
                  temperature: float = 1.0, log_prob_micro_batch_size: Optional[int] = None,
                  settings: Optional[UpdateSettings] = None, lr_scheduler: Any = None):
-        self.backend = backend
+        super().__init__(backend, PPOUpdater(backend, settings, "actor", lr_scheduler)
+                         if settings is not None else None)
         self.config = cfg
         self.heads = heads
         self.temperature = float(temperature)
         self.log_prob_micro_batch_size = (log_prob_micro_batch_size
                                           or cfg.ppo_micro_batch_size_per_gpu)
-        self.updater = (PPOUpdater(backend, settings, "actor", lr_scheduler)
-                        if settings is not None else None)
-
-    # the optimizer, schedule and update count a checkpoint holds
-    @property
-    def optimizer(self) -> Any:
-        return self.backend.optimizer
-
-    @optimizer.setter
-    def optimizer(self, value: Any) -> None:
-        self.backend.optimizer = value
-
-    @property
-    def lr_scheduler(self) -> Any:
-        return self.updater.lr_scheduler if self.updater is not None else None
-
-    @lr_scheduler.setter
-    def lr_scheduler(self, value: Any) -> None:
-        self.updater.lr_scheduler = value
-
-    @property
-    def update_count(self) -> int:
-        return self.updater.update_count if self.updater is not None else 0
-
-    @update_count.setter
-    def update_count(self, value: int) -> None:
-        self.updater.update_count = int(value)
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.backend.module
-
-    @property
-    def world_size(self) -> int:
-        return self.backend.dp_size
-
-    def mini_batch_rows(self) -> int:
-        return self.updater.settings.mini_batch_rows()
 
     def compute_log_prob(self, batch: Any, calculate_entropy: bool = False):
         """Log-probs ``[B, R]`` of the batch's responses (and their entropy, or None)."""

@@ -3,6 +3,7 @@ summing per-rank metric shares over the data-parallel group."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Tuple
 
 import torch
@@ -43,6 +44,16 @@ def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None,
     if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
         norm = norm.full_tensor()
     return float(norm)
+
+
+def step_if_finite(optimizer: Any, grad_norm: float) -> float:
+    """Step unless ``grad_norm`` is not finite; then drop the gradients instead, so one bad
+    batch cannot poison the weights or the optimizer moments. Returns ``grad_norm``."""
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    return grad_norm
 
 
 def dp_sum(metrics: Dict[str, float], world_size: int, group: Any,

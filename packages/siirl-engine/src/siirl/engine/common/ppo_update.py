@@ -144,6 +144,50 @@ class PPOUpdater:
         return True
 
 
+class UpdatingRole:
+    """Base of the actor and critic roles: their backend, and the optimizer, lr schedule
+    and update count a checkpoint holds (``updater`` is None for a forward-only role)."""
+
+    def __init__(self, backend: TrainBackend, updater: Optional[PPOUpdater]):
+        self.backend = backend
+        self.updater = updater
+
+    @property
+    def optimizer(self) -> Any:
+        return self.backend.optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        self.backend.optimizer = value
+
+    @property
+    def lr_scheduler(self) -> Any:
+        return self.updater.lr_scheduler if self.updater is not None else None
+
+    @lr_scheduler.setter
+    def lr_scheduler(self, value: Any) -> None:
+        self.updater.lr_scheduler = value
+
+    @property
+    def update_count(self) -> int:
+        return self.updater.update_count if self.updater is not None else 0
+
+    @update_count.setter
+    def update_count(self, value: int) -> None:
+        self.updater.update_count = int(value)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.backend.module
+
+    @property
+    def world_size(self) -> int:
+        return self.backend.dp_size
+
+    def mini_batch_rows(self) -> int:
+        return self.updater.settings.mini_batch_rows()
+
+
 def forward_rows(backend: TrainBackend, data: Any, micro_rows: Optional[int],
                  head: Head) -> Dict[str, torch.Tensor]:
     """The head's outputs for every row of ``data`` (no gradients), on the CPU."""

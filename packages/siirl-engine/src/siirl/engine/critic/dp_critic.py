@@ -31,7 +31,12 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
-from siirl.engine.common.ppo_update import PPOUpdater, UpdateSettings, forward_rows
+from siirl.engine.common.ppo_update import (
+    PPOUpdater,
+    UpdateSettings,
+    UpdatingRole,
+    forward_rows,
+)
 from siirl.params import CriticArguments
 
 FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
@@ -82,46 +87,18 @@ class ValueLoss:
         return loss_of
 
 
-class DataParallelPPOCritic:
+class DataParallelPPOCritic(UpdatingRole):
     """``compute_values`` and ``update_critic`` of the value model on ``backend``."""
 
     def __init__(self, backend: TrainBackend, cfg: CriticArguments, heads: ValueHeads,
                  settings: UpdateSettings, *, lr_scheduler: Any = None,
                  forward_micro_batch_size: Optional[int] = None):
-        self.backend = backend
+        super().__init__(backend, PPOUpdater(backend, settings, "critic", lr_scheduler))
         self.config = cfg
         self.heads = heads
         self.forward_micro_batch_size = (forward_micro_batch_size
                                          or cfg.forward_micro_batch_size_per_gpu
                                          or cfg.ppo_micro_batch_size_per_gpu)
-        self.updater = PPOUpdater(backend, settings, "critic", lr_scheduler)
-
-    @property
-    def optimizer(self) -> Any:
-        return self.backend.optimizer
-
-    @property
-    def lr_scheduler(self) -> Any:
-        return self.updater.lr_scheduler
-
-    @lr_scheduler.setter
-    def lr_scheduler(self, value: Any) -> None:
-        self.updater.lr_scheduler = value
-
-    @property
-    def update_count(self) -> int:
-        return self.updater.update_count
-
-    @update_count.setter
-    def update_count(self, value: int) -> None:
-        self.updater.update_count = int(value)
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.backend.module
-
-    def mini_batch_rows(self) -> int:
-        return self.updater.settings.mini_batch_rows()
 
     def compute_values(self, batch: Any) -> torch.Tensor:
         """Values ``[B, R]`` of the batch's response tokens, zero where ``response_mask``

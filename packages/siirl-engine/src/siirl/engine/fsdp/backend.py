@@ -8,7 +8,6 @@ the module's device for its forward, and forward-only results come back to the C
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss, concat_outputs
-from siirl.engine.common.dp_utils import clip_grad_norm
+from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
 from siirl.engine.common.weight_sync import Bucket, buckets_of
 from siirl.engine.fsdp.sharding import fix_architectures
 from siirl.errors import ConfigError
@@ -88,12 +87,7 @@ class FSDPBackend:
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> float:
-        grad_norm = clip_grad_norm(self.module, self.grad_clip)
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)  # skipped: drop the bad gradients
-            return grad_norm
-        self.optimizer.step()
-        return grad_norm
+        return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip))
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         return metrics  # every data-parallel rank computed the global values already

@@ -7,7 +7,6 @@ broadcast to the other stages, since every stage of a pipeline hands the same ro
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -16,7 +15,7 @@ from siirl.data_coordinator.fields import RESPONSES
 from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss
-from siirl.engine.common.dp_utils import clip_grad_norm
+from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
 from siirl.engine.megatron import checkpointing
 from siirl.engine.megatron.chunks import model_chunks
@@ -90,13 +89,8 @@ class MegatronBackend:
             return self.optimizer.step_if_finite()
         if self.grad_sync is not None:
             self.grad_sync()
-        grad_norm = clip_grad_norm(self.module, self.grad_clip, self.tp_group,
-                                   self.stages.group)
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)  # skipped: drop the bad gradients
-            return grad_norm
-        self.optimizer.step()
-        return grad_norm
+        return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip,
+                                                             self.tp_group, self.stages.group))
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         return self.stages.broadcast_metrics(metrics)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from siirl.engine.common.weight_sync import buckets_of
+
 from .model import has_qkv_bias, head_dim, padded_vocab_size, stage_layer_counts, unwrap_model
 
 __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
@@ -228,22 +230,18 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
     pp_size = ps.get_pipeline_model_parallel_world_size() if pp_size is None else pp_size
     local = {k: v for k, v in unwrap_model(model).state_dict().items()
              if isinstance(v, torch.Tensor)}
-    bucket, size = [], 0
-    for entry in stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local)):
-        if not entry.export:
-            continue
-        shard = local[entry.mcore].detach()
-        if tp_size > 1 and entry.kind != "replicated":
-            shards = [torch.empty_like(shard) for _ in range(tp_size)]
-            dist.all_gather(shards, shard.contiguous(), group=tp_group)
-        else:
-            shards = [shard.clone() if entry.kind == "replicated" else shard]
-        for name, tensor in zip(entry.hf, _merge(entry, shards, hf_config), strict=True):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-    if bucket:
-        yield bucket
+
+    def named_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for entry in stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local)):
+            if not entry.export:
+                continue
+            shard = local[entry.mcore].detach()
+            if tp_size > 1 and entry.kind != "replicated":
+                shards = [torch.empty_like(shard) for _ in range(tp_size)]
+                dist.all_gather(shards, shard.contiguous(), group=tp_group)
+            else:
+                shards = [shard.clone() if entry.kind == "replicated" else shard]
+            yield from zip(entry.hf, _merge(entry, shards, hf_config), strict=True)
+
+    # gathered lazily, one entry at a time, as the buckets fill
+    yield from buckets_of(named_tensors(), bucket_bytes)

@@ -1,0 +1,326 @@
+"""The table of configuration keys this release does not read: each rule names keys (dotted,
+or fnmatch globs), their class (not applying / refused), a short tag for ``--help`` and why,
+with what works instead. ``siirl.params.key_support`` applies it; keys no rule matches are
+read. A rule may hold only under a condition (``when``); where none holds the key is read.
+When an issue implements a key, it deletes the key's rule here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional, Tuple
+
+from omegaconf import OmegaConf
+
+NOT_APPLYING, REFUSED = "not applying", "refused"
+ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+Condition = Callable[[Any, str], bool]
+
+
+def always(config: Any, key: str) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    patterns: Tuple[str, ...]  # dotted keys or fnmatch globs ("a.b.*")
+    kind: str  # NOT_APPLYING or REFUSED
+    tag: str  # short label for --help
+    why: str  # why it is ignored and what works instead
+    when: Condition = always  # the rule holds only where this is true
+
+
+def _na(patterns, tag: str, why: str, when: Optional[Condition] = None) -> Rule:
+    patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    return Rule(patterns, NOT_APPLYING, tag, why, *([when] if when else []))
+
+
+def _refused(patterns, tag: str, why: str, when: Optional[Condition] = None) -> Rule:
+    patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    return Rule(patterns, REFUSED, tag, why, *([when] if when else []))
+
+
+# ---- conditions ------------------------------------------------------------------------
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(config, key, default=default)
+
+
+def _hf_rollout(config: Any, key: str) -> bool:
+    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
+
+
+def _strategy_is(strategy_key: str, megatron: bool) -> Condition:
+    return lambda config, key: (str(_get(config, strategy_key)) == "megatron") == megatron
+
+
+def _custom_workflow(config: Any) -> bool:
+    return any(_get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
+                                                 "pipeline"))
+
+
+def _builtin_workflow_is_not(kind: str) -> Condition:
+    return lambda config, key: not _custom_workflow(config) and \
+        str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() != kind
+
+
+def _critic_disagrees(config: Any, key: str) -> bool:
+    # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT workflow)
+    runs = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() == "DEFAULT" and \
+        str(_get(config, "algorithm.adv_estimator", "grpo")).lower() == "gae"
+    return not _custom_workflow(config) and bool(_get(config, key)) != runs
+
+
+def _differs_from_actor(config: Any, key: str) -> bool:
+    return _get(config, key) != _get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+_OFFLOAD = ("CPU offload is not implemented yet (issue 19); parameters and optimizer state "
+            "stay on the device.")
+_MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel")
+
+
+def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rule]:
+    offload = (f"{prefix}.param_offload", f"{prefix}.offload_policy")
+    return [
+        _na(f"{prefix}.*", "no effect with strategy=megatron",
+            f"FSDP settings do not apply when {strategy_key}=megatron.",
+            _strategy_is(strategy_key, megatron=True)),
+        _refused(offload + ((f"{prefix}.optimizer_offload",) if has_optimizer else ()),
+                 "offload lands with issue 19", _OFFLOAD),
+        _na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
+            "the reference policy has no optimizer."),
+        _na((f"{prefix}.wrap_policy", f"{prefix}.forward_prefetch", f"{prefix}.fsdp_size"),
+            "no effect: FSDP2 shards every decoder layer over all workers",
+            "FSDP2 here shards each decoder layer and the root over all of the role's "
+            "workers; wrapping, prefetch and hybrid-shard sizes are not tunable."),
+    ]
+
+
+def _megatron_rules(prefix: str, strategy_key: str, role: str) -> List[Rule]:
+    rules = [_na(f"{prefix}.*", "no effect unless strategy=megatron",
+                 f"megatron settings apply only when {strategy_key}=megatron.",
+                 _strategy_is(strategy_key, megatron=False))]
+    if role != "actor":
+        rules += [
+            _refused(tuple(f"{prefix}.{k}" for k in _MIRRORED), "set it under actor.megatron",
+                     f"the {role} runs in the actor's megatron parallel state: set the same "
+                     f"key under {ACTOR}.megatron instead.", _differs_from_actor),
+            _na(f"{prefix}.use_distributed_optimizer", "no effect for this role",
+                f"the {role} does not use megatron's distributed optimizer."),
+        ]
+    optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
+    return rules + [
+        _refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
+                                                 else ()), "offload lands with issue 19",
+                 _OFFLOAD),
+        _na(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
+        _refused((f"{prefix}.expert_model_parallel_size", f"{prefix}.expert_tensor_parallel_size"),
+                 "expert parallelism is not supported",
+                 "expert parallelism is not supported: the megatron bridge builds dense "
+                 "Llama/Qwen2 models."),
+        _refused(f"{prefix}.use_dist_checkpointing", "models are built from HF weights",
+                 "the megatron model is always built from the Hugging Face weights of the "
+                 "model path; starting from a megatron dist checkpoint is not supported."),
+        _na(f"{prefix}.dist_checkpointing_path", "no effect without use_dist_checkpointing",
+            "it only acts with use_dist_checkpointing=true, which this release refuses."),
+        _refused(f"{prefix}.override_transformer_config", "overrides are not applied",
+                 "the TransformerConfig is derived from the Hugging Face config; change that "
+                 "through actor_rollout_ref.model.override_config instead."),
+        _na(f"{prefix}.seed", "no effect: seeded from trainer.seed",
+            "megatron's RNG is seeded from trainer.seed."),
+        _na(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",
+            "siiRL's own bridge converts Hugging Face weights (Llama, Qwen2)."),
+    ]
+
+
+_VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
+    "mode", "chat_scheduler", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
+    "load_format", "layered_summon", "max_num_batched_tokens", "max_model_len",
+    "disable_log_stats", "enable_chunked_prefill", "multi_stage_wake_up",
+    "update_weights_bucket_megabytes", "engine_kwargs"))
+_REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
+    "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
+    "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
+    "megatron.*"))
+
+RULES: Tuple[Rule, ...] = (
+    # -- algorithm
+    _refused("algorithm.use_pf_ppo", "pf-PPO is not implemented",
+             "pf-PPO sample reweighting is not implemented; samples keep equal weights."),
+    _na("algorithm.pf_ppo.*", "no effect without use_pf_ppo",
+        "it only acts with algorithm.use_pf_ppo=true, which this release refuses."),
+    _refused("algorithm.filter_groups.enable", "dynamic sampling needs workflow_type=DAPO",
+             "dynamic sampling (filter_groups) runs only in the DAPO workflow: add "
+             "algorithm.workflow_type=DAPO.", _builtin_workflow_is_not("DAPO")),
+    _na("algorithm.filter_groups.*", "no effect outside the DAPO workflow",
+        "filter_groups is read by the DAPO workflow (algorithm.workflow_type=DAPO).",
+        _builtin_workflow_is_not("DAPO")),
+    _na("algorithm.embodied_sampling.*", "no effect outside the EMBODIED workflow",
+        "embodied_sampling is read by the EMBODIED workflow (algorithm.workflow_type=EMBODIED).",
+        _builtin_workflow_is_not("EMBODIED")),
+    # -- data
+    _refused("data.tokenizer", "prompts use the model's tokenizer",
+             "prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model.path); "
+             "leave data.tokenizer null."),
+    _refused("data.custom_cls.*", "custom dataset classes are not supported",
+             "custom dataset classes are not supported: write verl-format parquet or JSON "
+             "lines (prompt, data_source, reward_model.ground_truth, ...)."),
+    _refused("data.sampler.*", "custom samplers are not supported",
+             "custom samplers (curricula) are not supported; the training order is a seeded "
+             "shuffle (data.shuffle, data.seed)."),
+    _na(("data.use_shm", "actor_rollout_ref.model.use_shm"), "no effect: files are read in place",
+        "copying files to shared memory is not implemented; they are read where they are."),
+    _na("data.gen_batch_size", "DAPO rounds take data.train_batch_size prompts",
+        "each DAPO generation round takes data.train_batch_size prompts (rounds repeat "
+        "until the batch is full)."),
+    _na("data.return_raw_input_ids", "no effect without a reward model",
+        "raw input ids only feed a reward model, which this release refuses."),
+    _na("data.return_full_prompt", "no effect: single-turn rollouts",
+        "the full prompt text is only used by multi-turn rollouts (issue 17)."),
+    _na("data.validation_shuffle", "no effect: validation covers the whole set",
+        "validation scores the whole set, so its order does not change the metrics."),
+    _na(("data.dataloader_num_workers", "data.filter_overlong_prompts_workers"),
+        "no effect: data is read in the worker process",
+        "datasets are read and filtered in the worker process itself."),
+    _na(("data.image_key", "data.video_key", "data.return_multi_modal_inputs"),
+        "no effect: prompts are text only",
+        "multi-modal inputs are not supported; prompts are text only."),
+    _na("data.trust_remote_code", "no effect: the tokenizer is the model's",
+        "the tokenizer comes with the model and follows "
+        "actor_rollout_ref.model.trust_remote_code."),
+    # -- policy model
+    _refused("actor_rollout_ref.hybrid_engine", "the rollout shares the actor's weights",
+             "the rollout always samples with the actor's own weights (hybrid engine); a "
+             "separate rollout copy is not implemented."),
+    _refused(("actor_rollout_ref.model.lora_rank", "critic.model.lora_rank"),
+             "LoRA lands with issue 19",
+             "LoRA is not implemented yet (issue 19); train all weights (lora_rank=0)."),
+    _na(("actor_rollout_ref.model.lora_alpha", "actor_rollout_ref.model.target_modules",
+         "actor_rollout_ref.model.exclude_modules", "critic.model.lora_alpha",
+         "critic.model.target_modules"), "no effect without LoRA",
+        "LoRA settings only act with lora_rank > 0, which this release refuses."),
+    _refused(("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
+             "packing lands with issue 19",
+             "remove-padding (sequence packing) is not implemented yet (issue 19); batches "
+             "are padded (use_remove_padding=false)."),
+    _refused(("actor_rollout_ref.model.enable_activation_offload",
+              "critic.model.enable_activation_offload"), "offload lands with issue 19",
+             "activation offload is not implemented (issue 19); enable_gradient_checkpointing "
+             "(on by default) saves activation memory."),
+    _na(("actor_rollout_ref.model.use_liger", "actor_rollout_ref.model.use_fused_kernels",
+         "actor_rollout_ref.model.fused_kernel_options"), "no effect: transformers kernels",
+        "fused GPU kernels (Liger, verl's fused log-prob kernels) are not used; the model runs "
+        "with its transformers implementation."),
+    # -- actor / reference / critic batching
+    _na((f"{ACTOR}.ppo_micro_batch_size", f"{REF}.log_prob_micro_batch_size",
+         f"{ROLLOUT}.log_prob_micro_batch_size", "critic.ppo_micro_batch_size",
+         "critic.forward_micro_batch_size"), "deprecated: set the *_per_gpu key",
+        "verl's deprecated global micro-batch sizes are not read: set the matching *_per_gpu "
+        "key."),
+    _refused((f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
+              f"{ROLLOUT}.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
+             "dynamic batch size lands with issue 19",
+             "dynamic (token-budget) batch sizes are not implemented yet (issue 19); "
+             "micro-batches have a fixed size (*micro_batch_size_per_gpu)."),
+    _na((f"{ACTOR}.ppo_max_token_len_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
+         f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+         "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
+        "token budgets only act with use_dynamic_bsz=true, which this release refuses."),
+    _refused((f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
+              "critic.ulysses_sequence_parallel_size"), "Ulysses SP lands with issue 19",
+             "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1 "
+             "(megatron tensor/sequence parallelism works: actor.strategy=megatron)."),
+    _na((f"{ACTOR}.use_torch_compile", f"{REF}.use_torch_compile"),
+        "no effect: log-probs run eagerly",
+        "torch.compile is not applied; log-probs and entropy run eagerly (same values)."),
+    _na((f"{ACTOR}.entropy_from_logits_with_chunking", f"{ACTOR}.entropy_checkpointing",
+         f"{REF}.entropy_from_logits_with_chunking", f"{REF}.entropy_checkpointing"),
+        "no effect: entropy in one pass",
+        "verl's memory savers for the entropy are not used; it is computed in one pass "
+        "(same values)."),
+    *_fsdp_rules(f"{ACTOR}.fsdp_config", f"{ACTOR}.strategy", has_optimizer=True),
+    *_fsdp_rules(f"{REF}.fsdp_config", f"{REF}.strategy", has_optimizer=False),
+    *_fsdp_rules("critic.model.fsdp_config", "critic.strategy", has_optimizer=True),
+    *_megatron_rules(f"{ACTOR}.megatron", f"{ACTOR}.strategy", "actor"),
+    *_megatron_rules(f"{REF}.megatron", f"{REF}.strategy", "reference"),
+    *_megatron_rules("critic.megatron", "critic.strategy", "critic"),
+    # -- rollout
+    _na(_VLLM_KNOBS, "no effect with the hf rollout",
+        "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "
+        "(vLLM and SGLang land with issue 15).", _hf_rollout),
+    _na(f"{ROLLOUT}.dtype", "no effect with the hf rollout",
+        "the hf rollout samples with the actor's module, in the actor's dtype.", _hf_rollout),
+    _na(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
+        "the hf rollout takes prompts as the dataloader made them (data.max_prompt_length).",
+        _hf_rollout),
+    _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
+             "the hf rollout generates data.max_response_length tokens: set that instead.",
+             _hf_rollout),
+    _refused(f"{ROLLOUT}.use_fire_sampling", "FIRE sampling is not implemented",
+             "FIRE sampling is not implemented by the hf rollout; it samples with "
+             "temperature, top_k and top_p.", _hf_rollout),
+    _na(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
+        "the hf rollout samples with the training module itself, so its log-probs are the "
+        "old_log_prob node's.", _hf_rollout),
+    _refused(f"{ROLLOUT}.multi_turn.enable", "multi-turn lands with issue 17",
+             "multi-turn / tool-calling rollouts are not implemented yet (issue 17); "
+             "rollouts are single-turn."),
+    _na(f"{ROLLOUT}.multi_turn.*", "no effect: multi-turn is off",
+        "multi_turn settings only act with multi_turn.enable=true, which this release "
+        "refuses."),
+    # -- critic
+    _refused("critic.enable", "the workflow decides whether a critic runs",
+             "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "
+             "with workflow_type=DEFAULT (PPO): choose the algorithm instead.",
+             _critic_disagrees),
+    _na("critic.enable", "no effect with a custom workflow",
+        "a custom workflow's nodes decide whether a critic runs.",
+        lambda config, key: _custom_workflow(config)),
+    _na("critic.model.tokenizer_path", "no effect: the critic reads the actor's tokens",
+        "the critic scores the actor's token ids; no second tokenizer is loaded."),
+    # -- reward model
+    _refused("reward_model.enable", "reward models land with issue 19",
+             "model-based rewards are not implemented yet (issue 19); rewards come from "
+             "reward_model.reward_manager with default_compute_score or "
+             "custom_reward_function."),
+    _refused("reward_model.sandbox_fusion.url", "sandbox fusion is not supported",
+             "remote code execution (sandbox fusion) is not supported; run code in your own "
+             "custom_reward_function (a sandboxed tool lands with issue 17)."),
+    _na("reward_model.sandbox_fusion.*", "no effect without sandbox_fusion.url",
+        "it only acts with reward_model.sandbox_fusion.url, which this release refuses."),
+    _na("reward_model.launch_reward_fn_async", "no effect: rewards are scored in the step",
+        "rewards are scored inside the step; reward_model.reward_manager=parallel scores in "
+        "a process pool."),
+    _na("reward_model.overlong_buffer.log", "no effect: no separate overlong metrics",
+        "the overlong penalty is applied but not logged as separate metrics."),
+    _na(_REWARD_MODEL_KEYS, "no effect without a reward model",
+        "reward-model settings only act with reward_model.enable=true, which this release "
+        "refuses."),
+    # -- trainer
+    _na("trainer.balance_batch", "no effect: rows are not reordered by length",
+        "rows are not reordered by length across workers: each worker trains on its slice "
+        "of the batch (the DataBuffer balances tokens when it moves rows between layouts)."),
+    _na(("trainer.log_val_generations", "trainer.rollout_data_dir",
+         "trainer.validation_data_dir"), "no effect: generations are not dumped",
+        "sample generations are neither logged nor dumped; metrics.jsonl holds the scores."),
+    _refused("trainer.default_hdfs_dir", "HDFS upload is not supported",
+             "checkpoints are not copied to HDFS; put trainer.default_local_dir on a "
+             "filesystem every node shares."),
+    _na("trainer.del_local_ckpt_after_load", "no effect: checkpoints are kept",
+        "checkpoints are kept after a resume (trainer.max_actor_ckpt_to_keep prunes old "
+        "ones)."),
+    _na("trainer.max_critic_ckpt_to_keep", "no effect: see max_actor_ckpt_to_keep",
+        "actor and critic are saved together in global_step_N/, pruned by "
+        "trainer.max_actor_ckpt_to_keep."),
+    _na("trainer.ray_wait_register_center_timeout", "no effect: no register center",
+        "siirl-train starts the workers itself (trainer.dist_timeout_s bounds their waits)."),
+    # -- dag
+    _na("dag.enable_perf", "no effect: timings are always logged",
+        "per-node timings are always in metrics.jsonl (timing_s/*); the torch profiler "
+        "lands with issue 19."),
+)
