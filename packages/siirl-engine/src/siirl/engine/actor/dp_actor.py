@@ -26,15 +26,12 @@ import torch
 from siirl.dag_worker.core_algos import agg_loss, agg_loss_units, get_policy_loss_fn, kl_penalty
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
-    ATTENTION_MASK,
-    INPUT_IDS,
     OLD_LOG_PROBS,
-    POSITION_IDS,
     REF_LOG_PROB,
     RESPONSE_MASK,
     RESPONSES,
 )
-from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
+from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.ppo_update import (
     PPOUpdater,
@@ -44,7 +41,6 @@ from siirl.engine.common.ppo_update import (
 )
 from siirl.params import ActorArguments
 
-FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
 UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, OLD_LOG_PROBS, ADVANTAGES)
 
 # head factory: (response_length, temperature, calculate_entropy) -> Head

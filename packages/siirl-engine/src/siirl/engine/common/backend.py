@@ -14,6 +14,10 @@ from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
 import torch
 
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSES
+
+# what a head reads of a batch: the sequences and where the response starts
+FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
 # head(module, micro_batch) -> {name: [rows, response_length] tensor or None}
 HeadFn = Callable[[torch.nn.Module, Any], Dict[str, Optional[torch.Tensor]]]
 # loss(micro_batch, outputs) -> this micro-batch's share of the mini-batch loss

@@ -21,15 +21,12 @@ import torch
 
 from siirl.dag_worker.core_algos import agg_loss_units, compute_value_loss
 from siirl.data_coordinator.fields import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    POSITION_IDS,
     RESPONSE_MASK,
     RESPONSES,
     RETURNS,
     VALUES,
 )
-from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
+from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.ppo_update import (
     PPOUpdater,
@@ -39,7 +36,6 @@ from siirl.engine.common.ppo_update import (
 )
 from siirl.params import CriticArguments
 
-FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
 UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, VALUES, RETURNS)
 
 # head factory: response_length -> Head with output "values"
