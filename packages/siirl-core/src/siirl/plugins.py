@@ -20,26 +20,30 @@ from typing import Any, Callable, Dict, List, Optional
 from siirl.errors import PluginNotFoundError
 
 GROUPS: Dict[str, str] = {
-    "siirl.engines": "actor / critic / reference training backends (fsdp, megatron)",
-    "siirl.rollouts": "rollout (generation) engines (hf, vllm, sglang)",
-    "siirl.reward_managers": "reward managers (naive, batch, parallel, dapo, embodied)",
+    "siirl.engines": "actor / critic / reference training backends",
+    "siirl.rollouts": "rollout (generation) engines",
+    "siirl.reward_managers": "reward managers",
     "siirl.environments": "agentic and embodied environments",
-    "siirl.pipelines": "named workflows returning a TaskGraph (grpo, ppo, dapo, embodied)",
+    "siirl.pipelines": "named workflows returning a TaskGraph",
 }
 
-# The distribution that provides each group's names, and the extras for heavy ones; used
-# only to tell the user which ``pip install`` fixes a missing name.
+# The names siiRL's own distributions register, with the pip line that provides each
+# (tests check this against their pyproject.toml files); only these get a pip hint.
+PROVIDED: Dict[str, Dict[str, str]] = {
+    "siirl.engines": {"fsdp": "siirl-engine", "megatron": "siirl-engine[megatron]"},
+    "siirl.rollouts": {"hf": "siirl-engine"},
+    "siirl.reward_managers": {name: "siirl-engine" for name in
+                              ("naive", "batch", "parallel", "dapo")},
+    "siirl.environments": {},
+    "siirl.pipelines": {name: "siirl-core" for name in ("grpo", "ppo", "dapo", "embodied")},
+}
+# The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {
     "siirl.engines": "siirl-engine",
     "siirl.rollouts": "siirl-engine",
     "siirl.reward_managers": "siirl-engine",
     "siirl.environments": "siirl-envs",
     "siirl.pipelines": "siirl-core",
-}
-_EXTRAS = {
-    ("siirl.engines", "megatron"): "siirl-engine[megatron]",
-    ("siirl.rollouts", "vllm"): "siirl-engine[vllm]",
-    ("siirl.rollouts", "sglang"): "siirl-engine[sglang]",
 }
 
 _LOCAL: Dict[str, Dict[str, Any]] = {group: {} for group in GROUPS}
@@ -52,7 +56,16 @@ def _check_group(group: str) -> None:
 
 
 def install_hint(group: str, name: str) -> str:
-    package = _EXTRAS.get((group, name), _GROUP_PROVIDER.get(group, "the package providing it"))
+    """The ``pip install`` that provides ``name``, or where a plugin would register it."""
+    package = PROVIDED.get(group, {}).get(name)
+    if package is None:
+        return (f"no siiRL distribution provides it; a plugin package registers it under "
+                f"[project.entry-points.\"{group}\"] in its pyproject.toml")
+    return f"pip install \"{package}\""
+
+
+def _reinstall_hint(group: str, name: str, dist: Optional[str]) -> str:
+    package = PROVIDED.get(group, {}).get(name) or dist or _GROUP_PROVIDER.get(group)
     return f"pip install \"{package}\""
 
 
@@ -113,8 +126,8 @@ def load_plugin(group: str, name: str, what: Optional[str] = None) -> Any:
     try:
         return ep.load()
     except (ImportError, AttributeError) as exc:
-        dist = ep.dist.name if ep.dist is not None else "its package"
+        dist = ep.dist.name if ep.dist is not None else None
         raise PluginNotFoundError(
-            f"plugin '{name}' in group '{group}'{asked} is registered by {dist} but cannot "
-            f"be imported ({type(exc).__name__}: {exc}). To fix: {install_hint(group, name)}"
-        ) from exc
+            f"plugin '{name}' in group '{group}'{asked} is registered by "
+            f"{dist or 'its package'} but cannot be imported ({type(exc).__name__}: {exc}). "
+            f"To fix: {_reinstall_hint(group, name, dist)}") from exc

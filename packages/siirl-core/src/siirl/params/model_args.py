@@ -210,7 +210,8 @@ class RolloutArguments:
     """Rollout engine: sampling settings, group size n, validation sampling."""
 
     name: str = field(
-        default="hf", metadata={"help": "Rollout engine: hf (built-in sampler), vllm, sglang."}
+        default="hf", metadata={"help": "Rollout engine: a name in the siirl.rollouts plugin "
+                                        "group (siirl-train --help lists the installed ones)."}
     )
     mode: str = "sync"  # sync | async
     chat_scheduler: str | None = None

@@ -1,0 +1,57 @@
+"""The README is a promise: the paths, links, extras and tools its commands name exist, and
+its cheap commands run as written (the custom-pipeline example has its own test)."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def bash_blocks() -> list:
+    return re.findall(r"```bash\n(.*?)```", README, re.S)
+
+
+def test_linked_and_named_files_exist():
+    links = re.findall(r"\]\(([^)#:]+)\)", README)
+    named = re.findall(r"(?<![\w/.])((?:tools|configs|docs|packages|tests)/[\w./-]+\.\w+)", README)
+    missing = [p for p in set(links) | set(named) if not (ROOT / p).exists()]
+    assert not missing, missing
+
+
+def test_extras_named_exist():
+    declared = {}
+    for project in (ROOT / "packages").glob("*/pyproject.toml"):
+        meta = tomllib.loads(project.read_text())["project"]
+        declared[meta["name"]] = set(meta.get("optional-dependencies", {}))
+    for dist, extra in set(re.findall(r"(siirl-\w+)\[(\w+)\]", README)):
+        assert extra in declared[dist], f"{dist}[{extra}]"
+
+
+def test_venv_tools_named_are_installed_by_the_setup():
+    setup = (ROOT / "tools/setup.sh").read_text() + (ROOT / "requirements-dev.txt").read_text()
+    scripts = {name for project in (ROOT / "packages").glob("*/pyproject.toml")
+               for name in tomllib.loads(project.read_text())["project"].get("scripts", {})}
+    for tool in set(re.findall(r"\.venv/bin/([\w-]+)", README)) - {"python"}:
+        assert tool in setup or tool in scripts, tool
+
+
+def test_torch_is_pinned_as_the_setup_pins_it():
+    pin = re.search(r'torch==\$\{SIIRL_TORCH_VERSION:-([\d.]+)\}',
+                    (ROOT / "tools/setup.sh").read_text()).group(1)
+    installs = [line for block in bash_blocks() for line in block.splitlines()
+                if re.search(r"pip install .*torch", line)]
+    assert installs and all(f"torch=={pin}" in line for line in installs), installs
+
+
+def test_the_wheel_build_command_runs_as_written(tmp_path):
+    block = next(b for b in bash_blocks() if "-m build" in b)
+    script = block.replace("siirl-data siirl-core siirl-engine siirl-envs", "siirl-data")
+    script = script.replace("--outdir dist", f"--outdir {tmp_path}")
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(tmp_path.glob("siirl_data-*.whl"))
