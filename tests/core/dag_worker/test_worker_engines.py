@@ -141,3 +141,41 @@ def test_set_installs_an_engine_directly():
 ])
 def test_plugin_name_and_fallbacks(config, role, expected):
     assert WorkerEngines(config, worker=None).plugin_name(role) == expected
+
+
+class FakeActor:
+    tokenizer = "the actor's tokenizer"
+
+    def compute_log_prob(self, batch):
+        return NodeOutput(batch=batch)
+
+    def update_policy(self, batch):
+        return NodeOutput(batch=batch)
+
+
+class PeerRollout(FakeRollout):
+    peer_roles = ("actor",)  # generates with the actor's model, like the hf rollout
+
+    def __init__(self, role, config, worker, peers):
+        super().__init__(role, config, worker)
+        self.actor = peers.get("actor")
+
+
+def test_a_rollout_gets_the_peer_it_declares_without_an_actor_node():
+    config = {"actor_rollout_ref": {"rollout": {"name": "peer"}, "actor": {"strategy": "fake"}}}
+    plugins.register("siirl.rollouts", "peer")(PeerRollout)
+    plugins.register("siirl.engines", "fake")(lambda role, config, worker: FakeActor())
+    try:
+        engines = WorkerEngines(config, worker=None)
+        engines.build(["rollout"])
+        assert isinstance(engines.rollout.actor, FakeActor)
+        assert engines.tokenizer() == FakeActor.tokenizer  # the dataloader's tokenizer
+    finally:
+        plugins.unregister("siirl.rollouts", "peer")
+        plugins.unregister("siirl.engines", "fake")
+
+
+def test_no_engine_with_a_tokenizer_gives_none(fake_rollout):
+    engines = WorkerEngines(ROLLOUT_CONFIG, worker=None)
+    engines.build(["rollout"])
+    assert engines.tokenizer() is None

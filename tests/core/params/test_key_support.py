@@ -154,8 +154,7 @@ def _override(base, key):
 
 
 def test_defaults_and_presets_pass_without_notices(capsys):
-    presets = sorted(p for p in (REPO / "configs").glob("*.yaml")
-                     if p.name != "embodied_srpo.yaml")  # known broken
+    presets = sorted((REPO / "configs").glob("*.yaml"))
     assert presets
     assert check_key_support(parse_config([])) == []
     for preset in presets:

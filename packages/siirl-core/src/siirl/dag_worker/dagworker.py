@@ -84,7 +84,8 @@ class DAGWorker:
 
     def setup(self) -> None:
         """Build this worker's engines (actor first: the others share its model and
-        tokenizer) and, when the graph trains a policy, its dataloaders."""
+        tokenizer) and, when one of them has a tokenizer, its dataloaders (so a pipeline
+        whose rollout borrows the actor's model gets its prompts without an actor node)."""
         from siirl.dag_worker.data_setup import build_dataloaders
         from siirl.dag_worker.layouts import entry_layout, node_layouts
 
@@ -100,8 +101,8 @@ class DAGWorker:
             algorithm_nodes.check_algorithm_names(self.config)
         algorithm_nodes.setup_algorithm_objects(self, self.config)
         self.engines.build(roles)
-        if "actor" in roles:
-            self.tokenizer = self.engines.actor.tokenizer
+        self.tokenizer = self.engines.tokenizer()
+        if self.tokenizer is not None:
             # rows by the entry node's data-parallel rank: tensor-parallel peers share them
             self.is_data_source = data.is_source(me)
             self.train_loader, self.val_loader = build_dataloaders(

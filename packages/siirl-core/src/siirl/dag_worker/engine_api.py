@@ -4,8 +4,10 @@ An entry point in ``siirl.engines``, ``siirl.rollouts`` or ``siirl.reward_manage
 factory ``factory(role: str, config: DictConfig, worker: DAGWorker) -> engine`` whose result
 has the methods below; a factory that names a ``peers`` keyword also gets the engines built
 before it (``{"actor": ..., ...}``: the actor is built first), so engines are wired
-explicitly. Optional, for the weight-sync step: an actor's ``weight_version`` and
-``export_weights(bucket_bytes)``, a rollout's ``load_weights(buckets) -> bytes``.
+explicitly; a factory attribute ``peer_roles = ("actor",)`` has the worker build that peer
+even for a graph without an actor node. Optional, for the weight-sync step: an actor's
+``weight_version`` and ``export_weights(bucket_bytes)``, a rollout's
+``load_weights(buckets) -> bytes``.
 
 Each method takes the batch (a TensorDict) and returns a NodeOutput
 (siirl.dag_worker.data_structures). The DAGWorker's built-in node methods only delegate to

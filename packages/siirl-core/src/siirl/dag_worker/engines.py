@@ -3,8 +3,10 @@
 ``build(roles)`` creates them in a fixed order (the actor first) and wires them
 explicitly: each factory is handed the engines built before it as ``peers`` (the
 reference starts from the actor's initial weights, the ``hf`` rollout generates with the
-actor's model). The worker then holds typed engine objects (``engines.actor``, ...), not
-names looked up at call time.
+actor's model). A factory that cannot work without a peer says so in ``peer_roles``
+(``HFRollout.peer_roles = ("actor",)``); that peer is then built even when no node of the
+graph uses it, e.g. for a pipeline of a rollout and custom nodes only. The worker then
+holds typed engine objects (``engines.actor``, ...), not names looked up at call time.
 """
 
 from __future__ import annotations
@@ -83,12 +85,36 @@ class WorkerEngines:
             group, name, key = self.plugin_name(role)
             load_plugin(group, name, what=f"{key}={name}")
 
+    def peer_roles(self, role: str) -> Tuple[str, ...]:
+        """Roles the plugin of ``role`` needs built before it (its factory's ``peer_roles``;
+        none for an engine installed with ``set``)."""
+        if role in self._engines:
+            return ()
+        group, name, key = self.plugin_name(role)
+        factory = load_plugin(group, name, what=f"{key}={name}")
+        return tuple(getattr(factory, "peer_roles", ()))
+
     def build(self, roles: Iterable[str]) -> None:
-        """Build the engines of ``roles`` in dependency order."""
-        wanted = set(roles)
+        """Build the engines of ``roles``, and the peers their plugins need, in dependency
+        order."""
+        wanted, todo = set(), list(roles)
+        while todo:
+            role = todo.pop()
+            if role not in wanted:
+                wanted.add(role)
+                todo.extend(self.peer_roles(role))
         for role in BUILD_ORDER:
             if role in wanted:
                 self.get(role)
+
+    def tokenizer(self) -> Any:
+        """The tokenizer of the first built engine that has one (the actor's, when built),
+        or None: the dataloader tokenizes with it."""
+        for role in BUILD_ORDER:
+            found = getattr(self._engines.get(role), "tokenizer", None)
+            if found is not None:
+                return found
+        return None
 
     def _create(self, role: str) -> Any:
         group, name, key = self.plugin_name(role)

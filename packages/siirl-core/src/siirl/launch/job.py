@@ -17,7 +17,10 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.execution.scheduler.launch import num_workers
     from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
+    from siirl.launch.inputs import check_inputs
 
+    if not print_dag:
+        check_inputs(config)  # a missing dataset or model stops the job before anything loads
     graph = load_pipeline(config)
     plan = TaskScheduler(num_workers(config)).schedule(graph)
     if print_dag:

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
+from siirl.params.constraints import check_constraints
 
 SCHEMA_NAME = "siirl_config"
 
@@ -142,9 +143,11 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
     """Schema <- ``config_file`` (a preset YAML) <- ``overrides``; returns a resolved,
     struct-mode DictConfig (unknown keys stay errors for later writers too).
 
-    With ``check_support`` (the default), a key this release would ignore stops here with a
-    ``ConfigError`` when ignoring it changes what the user gets, and is named in a notice on
-    stderr when it only tunes something this run does not use (siirl/params/key_rules.py).
+    A value impossible together with another key raises ``ConfigError``
+    (siirl/params/constraints.py). With ``check_support`` (the default), a key this release
+    would ignore stops here with a ``ConfigError`` when ignoring it changes what the user
+    gets, and is named in a notice on stderr when it only tunes something this run does not
+    use (siirl/params/key_rules.py).
     """
     # Dataclass groups reject unknown keys by themselves; free-form dicts (override_config,
     # reward_kwargs, ...) stay open so a preset may fill them.
@@ -162,6 +165,7 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
     except OmegaConfBaseException as exc:
         raise _error_for(exc, "an interpolation (${...})") from None
     OmegaConf.set_struct(cfg, True)
+    check_constraints(cfg)  # values that contradict another key: before anything loads
     if check_support:
         from siirl.params.key_support import check_key_support
 

@@ -64,6 +64,7 @@ class RewardManagerBase(abc.ABC):
     """
 
     name = "base"
+    peer_roles = ("actor",)  # its tokenizer decodes the responses (siirl.dag_worker.engines)
 
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  tokenizer: Any = None, compute_score: Optional[Callable[..., Any]] = None,

@@ -137,6 +137,10 @@ def postprocess_responses(tokens: torch.Tensor, width: int, eos_ids: list[int],
 class HFRollout:
     """Rollout engine ``hf``: ``generate(batch, validate=False) -> NodeOutput``."""
 
+    # it generates with the actor's model: the worker builds the actor even for a graph
+    # without an actor node (siirl.dag_worker.engines)
+    peer_roles = ("actor",)
+
     def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,
                  module: torch.nn.Module | None = None, tokenizer: Any = None,
                  peers: Mapping[str, Any] | None = None):

@@ -1,0 +1,58 @@
+"""The files a job's configuration names, checked before anything loads.
+
+Without this check a missing dataset is found only after the model has loaded (and a
+preset for the user's own model and data, ``configs/grpo_gsm8k.yaml``, ships placeholder
+paths). One ``ConfigError`` names every missing path with its key (exit code 2).
+
+Only a single-node job is checked here: on a cluster, a path may exist on the worker nodes
+and not on the one that starts the job; the workers then report it themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, List
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+FILE_KEYS = ("data.train_files", "data.val_files", "custom_reward_function.path")
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def _paths(value: Any) -> Iterable[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [str(v) for v in value]
+
+
+def _is_local(model: str) -> bool:
+    # The other forms (built-in, 'smollm2', a hub id in the HF cache) are the model
+    # loader's to resolve; a path written as one is a local file or directory.
+    return model.startswith(("/", "~", ".", "$")) or model.endswith(".gguf")
+
+
+def missing_inputs(config: Any) -> List[str]:
+    """``key=path`` for every named input file or model directory that does not exist."""
+    missing = [f"{key}={path}" for key in FILE_KEYS for path in _paths(select(config, key))
+               if not Path(path).expanduser().is_file()]
+    model = select(config, MODEL_KEY)
+    if model is not None and _is_local(str(model)) and \
+            not Path(os.path.expandvars(str(model))).expanduser().exists():
+        missing.append(f"{MODEL_KEY}={model}")
+    return missing
+
+
+def check_inputs(config: Any) -> None:
+    """Raise ``ConfigError`` naming each missing input (single-node jobs only)."""
+    if int(select(config, "trainer.nnodes", 1)) > 1:
+        return
+    missing = missing_inputs(config)
+    if missing:
+        raise ConfigError(
+            f"{'this path does' if len(missing) == 1 else 'these paths do'} not exist: "
+            f"{', '.join(missing)}; set {'it' if len(missing) == 1 else 'them'} to your own "
+            "files on the command line (key=path)")
