@@ -116,6 +116,9 @@ def _probe(tmp: str, py: Path, requested: list, expect_missing: list) -> None:
     if requested != ["siirl-data"]:
         run(Path(tmp) / "bin" / "siirl-train", "--print-dag", cwd=tmp,
             stdout=subprocess.DEVNULL)
+        # siirl-plot and the matplotlib it draws with come with siirl-core
+        run(Path(tmp) / "bin" / "siirl-plot", "--help", cwd=tmp, stdout=subprocess.DEVNULL)
+        run(py, "-c", "import matplotlib.backends.backend_agg", cwd=tmp)
     print(f"ok: {' '.join(requested)}", flush=True)
 
 

@@ -23,10 +23,6 @@ from pathlib import Path
 
 import torch
 
-# FLOP/s of one GPU, dense, by dtype (datasheet values) for the utilisation estimate
-PEAK_TFLOPS = {"H100": {"fp32": 67.0, "bf16": 989.0}, "H200": {"fp32": 67.0, "bf16": 989.0},
-               "A100": {"fp32": 19.5, "bf16": 312.0}}
-
 
 def tiny_models():
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -89,14 +85,15 @@ def grpo_steps(steps: int, device: str) -> dict:
     train = [r for r in records if "perf/actor_tokens_per_s" in r][1:]  # skip warm-up
     tokens_per_s = sum(r["perf/actor_tokens_per_s"] for r in train) / max(len(train), 1)
     from siirl.engine.models.loader import load_model_and_tokenizer
+    from siirl.execution.device import model_flops_use
 
     params = sum(p.numel() for p in load_model_and_tokenizer(None)[0].parameters())
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    peak = next((v["fp32"] for k, v in PEAK_TFLOPS.items() if k in name), None)
     flops = 6.0 * params * tokens_per_s  # forward + backward of the update
     return {"steps": steps, "wall_s": time.perf_counter() - start,
             "actor_tokens_per_s": tokens_per_s, "model_params": params,
-            "mfu_fp32": flops / (peak * 1e12) if peak else None,
+            "device_name": name,
+            "mfu_fp32": model_flops_use(flops, name),  # None where no peak is known
             "critic/score/mean": [r.get("critic/score/mean") for r in records
                                   if "critic/score/mean" in r]}
 
@@ -114,6 +111,8 @@ def main(argv=None) -> int:
         return 2
     import megatron.core
 
+    from siirl.execution.device import format_mfu
+
     device = "cpu" if args.cpu else "cuda"
     report = {"date": time.strftime("%Y-%m-%d"),
               "device": "cpu" if args.cpu else torch.cuda.get_device_name(),
@@ -129,8 +128,8 @@ def main(argv=None) -> int:
         print(f"GRPO steps failed: {grpo['error']}")
     else:
         print(f"{'GRPO actor tokens/s':<34}{grpo['actor_tokens_per_s']:>20.0f}")
-        mfu = grpo["mfu_fp32"] if grpo["mfu_fp32"] is not None else float("nan")
-        print(f"{'GRPO model FLOPs use (fp32 peak)':<34}{mfu:>20.2%}")
+        mfu = format_mfu(grpo["mfu_fp32"], grpo["device_name"])
+        print(f"{'GRPO model FLOPs use (fp32 peak)':<34}{mfu:>20}")
     Path(args.out).write_text(json.dumps(report, indent=1))
     ok = all(r["round_trip_bit_exact"] and r["logprob_max_abs_diff"] < 1e-5
              for r in report["parity"].values()) and "error" not in grpo

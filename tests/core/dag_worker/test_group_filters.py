@@ -156,3 +156,18 @@ def test_dapo_exhausted_generations_error_or_warn():
                            _config(max_num_gen_batches=1, on_exhausted="warn"),
                            worker=_Worker(share=3))
     assert get_non_tensor(out.batch, "uid") == ["ag2", "ag2", "ag4"]
+
+
+def test_dapo_step_totals_count_every_generation_batch():
+    # the per-batch keys keep describing the last batch; step_groups adds up the step's
+    worker, config = _Worker(share=3), _config()
+    first = dynamic_sampling(_prompt_batch("a", 4), config, worker=worker)
+    second = dynamic_sampling(_prompt_batch("b", 6), config, worker=worker)
+    for key in ("total", "kept"):
+        per_batch = [out.metrics[f"dynamic_sampling/{key}"] for out in (first, second)]
+        assert second.metrics[f"dynamic_sampling/step_groups/{key}"] == sum(per_batch)
+    assert second.metrics["dynamic_sampling/step_groups/total"] == 8.0
+    assert second.metrics["dynamic_sampling/step_groups/kept"] == 4.0
+    worker.step_state = {}  # a new step starts from zero
+    third = dynamic_sampling(_prompt_batch("c", 4), config, worker=worker)
+    assert third.metrics["dynamic_sampling/step_groups/total"] == 4.0

@@ -1,5 +1,5 @@
-"""Metric loggers for ``trainer.logger``: console, tensorboard, wandb; ``metrics.jsonl``
-is always written under ``trainer.default_local_dir``.
+"""Metric loggers for ``trainer.logger``: console (``console.ConsoleLogger``), tensorboard,
+wandb; ``metrics.jsonl`` is always written under ``trainer.default_local_dir``.
 
 Every record carries ``"step"``. Files are appended and flushed per record, so a crash
 loses nothing already logged, and a resumed run continues the same file.
@@ -10,16 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from typing import Any, Dict, List
 
+from siirl.dag_worker.console import ConsoleLogger
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
-
-# Shown in the one-line step summary, in this order, when present.
-SUMMARY_KEYS = ("critic/score/mean", "val/score/mean", "actor/pg_loss", "actor/kl_loss",
-                "actor/entropy", "actor/grad_norm", "response_length/mean", "perf/throughput",
-                "timing_s/step")
 
 
 def _finite(value: float):
@@ -39,21 +34,6 @@ class JsonlLogger:
 
     def close(self) -> None:
         self._file.close()
-
-
-class ConsoleLogger:
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stdout
-
-    def log(self, step: int, metrics: Dict[str, float]) -> None:
-        shown = [f"{k.split('/', 1)[-1] if k.startswith('timing') else k}={metrics[k]:.4g}"
-                 for k in SUMMARY_KEYS if k in metrics]
-        if not shown:
-            shown = [f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:8]]
-        print(f"step {step}: " + "  ".join(shown), file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
 
 
 class TensorboardLogger:
@@ -126,7 +106,7 @@ def build_tracking(config: Any, console: bool = True) -> Tracking:
     directory = str(select(config, "trainer.default_local_dir", "."))
     loggers: List[Any] = [JsonlLogger(directory)]
     if "console" in names and console:
-        loggers.append(ConsoleLogger())
+        loggers.append(ConsoleLogger(config))
     if "tensorboard" in names:
         loggers.append(TensorboardLogger(directory))
     if "wandb" in names:

@@ -26,6 +26,8 @@ from siirl.dag_worker.checkpoint_manager import (
     rng_state,
     set_rng_state,
 )
+from siirl.dag_worker.console import Progress
+from siirl.dag_worker.quiet_libraries import QuietLibraries
 from siirl.dag_worker.tracking import Tracking, build_tracking
 from siirl.dag_worker.validator import validate
 from siirl.errors import ConfigError
@@ -79,7 +81,6 @@ class Trainer:
         root = str(select(self.config, "trainer.default_local_dir", "."))
         self.checkpoints = CheckpointManager(root, select(self.config,
                                                           "trainer.max_actor_ckpt_to_keep"))
-        self._progress = None
 
     def _stateful_engines(self) -> Dict[str, Any]:
         return {role: self.worker.engines.get(role) for role in STATEFUL_ROLES
@@ -140,10 +141,18 @@ class Trainer:
         return [{"step": self.worker.global_step, **val}]
 
     def fit(self) -> list:
-        from tqdm import tqdm
-
         configure_threads(self.config)
         seed_everything(int(select(self.config, "trainer.seed", 1)))
+        root = str(select(self.config, "trainer.default_local_dir", "."))
+        comm = self.worker.comm
+        with QuietLibraries(root, comm.rank, comm.world_size) as quiet:
+            try:
+                return self._fit(quiet)
+            finally:
+                if comm.is_chief:
+                    quiet.announce()
+
+    def _fit(self, quiet: QuietLibraries) -> list:
         self.worker.setup()
         loader = self.worker.train_loader
         steps = total_steps(self.config, len(loader) if loader is not None else None)
@@ -152,6 +161,7 @@ class Trainer:
         comm = self.worker.comm
         tracking = build_tracking(self.config) if comm.is_chief else Tracking([])
         history = []
+        progress = None
         try:
             if select(self.config, "trainer.val_only", False):
                 return self._validate_only(tracking)
@@ -160,10 +170,8 @@ class Trainer:
                 if val:
                     tracking.log(self.worker.global_step, val)
                     history.append({"step": self.worker.global_step, **val})
-            progress = tqdm(total=steps, initial=self.worker.global_step, desc="training",
-                            unit="step", leave=False, dynamic_ncols=True,
-                            disable=not comm.is_chief)
-            self._progress = progress
+            # a bar on a terminal only: redirected output gets whole lines, no \r
+            progress = Progress(steps, self.worker.global_step, enabled=comm.is_chief)
             batches = self._batches()
             while self.worker.global_step < steps:
                 self.worker.global_step += 1
@@ -179,6 +187,7 @@ class Trainer:
                 last = step == steps
                 val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),
                                                 last) else {}
+                progress.update()
                 tracking.log(step, metrics)
                 history.append({"step": step, **metrics})
                 if val:
@@ -187,9 +196,10 @@ class Trainer:
                 if _due(step, select(self.config, "trainer.save_freq"), last):
                     self.checkpoints.save(step, self._stateful_engines(),
                                           self._trainer_state(), comm)
-                progress.update(1)
+                if comm.is_chief:  # start-up and first-step warnings are in by now
+                    quiet.announce()
         finally:
-            if getattr(self, "_progress", None) is not None:
-                self._progress.close()  # clear the bar so an error message stands alone
+            if progress is not None:
+                progress.close()  # clear the bar so an error message stands alone
             tracking.close()
         return history

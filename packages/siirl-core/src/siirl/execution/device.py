@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -34,3 +34,27 @@ def resolve_device(config: Any) -> Any:
                               "trainer.device=cpu or check CUDA_VISIBLE_DEVICES")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# Dense peak FLOP/s (TFLOP/s) of one GPU by dtype, datasheet values, for model-FLOPs-use
+# estimates. A device not listed (a CPU, an unknown GPU) has no MFU, never a made-up one.
+PEAK_TFLOPS = {"H200": {"fp32": 67.0, "bf16": 989.0}, "H100": {"fp32": 67.0, "bf16": 989.0},
+               "A100": {"fp32": 19.5, "bf16": 312.0}}
+
+
+def peak_tflops(device_name: str, dtype: str = "fp32") -> Optional[float]:
+    """The peak of the first ``PEAK_TFLOPS`` entry named in ``device_name``, or None."""
+    for gpu, peaks in PEAK_TFLOPS.items():
+        if gpu in str(device_name):
+            return peaks.get(dtype)
+    return None
+
+
+def model_flops_use(flops_per_s: float, device_name: str, dtype: str = "fp32") -> Optional[float]:
+    """Achieved / peak FLOP/s, or None where the device's peak is unknown."""
+    peak = peak_tflops(device_name, dtype)
+    return flops_per_s / (peak * 1e12) if peak else None
+
+
+def format_mfu(mfu: Optional[float], device_name: str) -> str:
+    return f"{mfu:.2%}" if mfu is not None else f"n/a (no known peak FLOP/s for {device_name})"

@@ -5,7 +5,9 @@ Such a group (all samples right, or all wrong) has zero GRPO advantage and only 
 the batch. ``algorithm.filter_groups.metric`` picks the value (``acc``, ``score``, ...; see
 ``group_filter.row_values``; default ``seq_final_reward``). With ``filter_groups.enable``:
 
-* kept groups are pooled for the step (``worker.step_state``);
+* kept groups are pooled for the step (``worker.step_state``); ``dynamic_sampling/total``
+  and ``/kept`` count the last generation batch's groups, ``dynamic_sampling/step_groups/
+  total`` and ``/kept`` all generation batches of the step (``num_gen_batches`` of them);
 * while the pool holds fewer than this worker's share of ``data.train_batch_size`` prompt
   groups, the node asks the worker to regenerate: the graph restarts on the next batch of
   the dataloader (``info={"regenerate": True}``). All workers decide together (the
@@ -32,6 +34,7 @@ from siirl.user_interface.filter_interface.group_filter import filter_groups, ro
 logger = logging.getLogger(__name__)
 _CFG = "algorithm.filter_groups"
 _POOL, _GENS = "dapo/pool", "dapo/num_gen_batches"
+_TOTALS = "dapo/step_groups"  # groups generated and kept over the step's generation batches
 
 
 def _has_variance(group_values) -> bool:
@@ -73,12 +76,17 @@ def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:
     state = worker.step_state
     state.setdefault(_POOL, []).append(filtered)
     state[_GENS] = state.get(_GENS, 0) + 1
+    totals = state.setdefault(_TOTALS, {"total": 0.0, "kept": 0.0})
+    totals["total"] += stats["groups/total"]
+    totals["kept"] += stats["groups/kept"]
     pool = _merge(state[_POOL], worker)
     state[_POOL] = [pool]
     have = len(group_indices(pool))
     target = _target_groups(worker, config)
     fewest = min(worker.comm.all_gather(have))  # every worker takes the same decision
     metrics["dynamic_sampling/num_gen_batches"] = float(state[_GENS])
+    # the per-batch keys above describe the last generation batch; these the whole step
+    metrics.update({f"dynamic_sampling/step_groups/{k}": v for k, v in totals.items()})
     if fewest >= target:
         return NodeOutput(batch=_first_groups(pool, target), metrics=metrics)
     limit = int(select(config, f"{_CFG}.max_num_gen_batches", 0) or 0)
