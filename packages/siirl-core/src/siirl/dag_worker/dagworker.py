@@ -39,6 +39,7 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.errors import PipelineError
+from siirl.execution.config_select import select
 from siirl.execution.dag.task_graph import TaskGraph
 
 
@@ -240,7 +241,18 @@ class DAGWorker:
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
         if OLD_LOG_PROBS in batch.keys():  # computed early for KL in the reward
             return NodeOutput(batch=batch)
+        if self._defer_old_log_probs(batch, config if config is not None else self.config):
+            # on-policy: the update's first forward is this forward, bit for bit
+            return NodeOutput(batch=batch, metrics={"actor/old_log_prob_deferred": 1.0})
         return self.engines.actor.compute_log_prob(batch)
+
+    def _defer_old_log_probs(self, batch: Any, config: Any) -> bool:
+        """Leave the old log-probs to this step's actor update (the engine says whether
+        that is exact), unless something reads them before it: KL in the reward, or an
+        actor that does not train this step (critic warm-up)."""
+        defer = getattr(self.engines.actor, "defers_old_log_probs", None)
+        return (defer is not None and not select(config, "algorithm.use_kl_in_reward", False)
+                and not algorithm_nodes.actor_warming_up(self, config) and defer(batch))
 
     def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
         if REF_LOG_PROB in batch.keys():

@@ -51,8 +51,12 @@ class PolicyLoss:
     """PPO policy loss (``policy_loss.loss_mode`` from the registry), entropy bonus and KL
     loss of one actor config, as a :class:`~siirl.engine.common.ppo_update.MiniBatchLoss`."""
 
-    def __init__(self, cfg: ActorArguments, world_size: int, group: Any):
+    def __init__(self, cfg: ActorArguments, world_size: int, group: Any,
+                 on_policy: bool = False):
         self.cfg = cfg
+        # the old log-probs are the update's own first forward, detached (see
+        # DataParallelPPOActor.on_policy)
+        self.on_policy = on_policy
         self.mode = cfg.loss_agg_mode
         self.policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         self.entropy_coeff = float(cfg.entropy_coeff)
@@ -72,7 +76,8 @@ class PolicyLoss:
             log_prob, entropy = outputs["log_probs"], outputs["entropy"]
             mask = micro_batch[RESPONSE_MASK].float()
             pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
-                old_log_prob=micro_batch[OLD_LOG_PROBS], log_prob=log_prob,
+                old_log_prob=(log_prob.detach() if self.on_policy
+                              else micro_batch[OLD_LOG_PROBS]), log_prob=log_prob,
                 advantages=micro_batch[ADVANTAGES], response_mask=mask,
                 loss_agg_mode=mode, config=self.cfg)
             if self.entropy_coeff:
@@ -130,17 +135,40 @@ class DataParallelPPOActor(UpdatingRole):
         out = forward_rows(self.backend, data, self.log_prob_micro_batch_size, head)
         return out["log_probs"], out.get("entropy")
 
+    def on_policy(self, rows: int) -> bool:
+        """Whether an update of ``rows`` rows starts from the rollout policy's weights and
+        reads them exactly as the log-prob pass would: one epoch over one mini-batch, not
+        shuffled, split into the same micro-batches. Its first forward then gives the old
+        log-probs bit for bit, so the separate old-log-prob forward can be skipped."""
+        if self.updater is None:
+            return False
+        settings = self.updater.settings
+        if settings.epochs != 1 or settings.shuffle or rows > settings.mini_batch_rows():
+            return False
+        log_prob_rows = int(self.log_prob_micro_batch_size or rows)
+        return min(log_prob_rows, rows) == min(settings.micro_rows(), rows)
+
     def update_policy(self, batch: Any) -> Dict[str, float]:
-        """``ppo_epochs`` passes of mini-batch updates over ``batch``; returns metrics."""
+        """``ppo_epochs`` passes of mini-batch updates over ``batch``; returns metrics.
+
+        Without ``old_log_probs`` in the batch (the old-log-prob node deferred them) they
+        are the update's own first forward when ``on_policy``, else computed first."""
         if self.updater is None or self.backend.optimizer is None:
             raise RuntimeError("this actor has no optimizer; it can only compute log-probs")
+        rows = batch.batch_size[0]
+        on_policy = OLD_LOG_PROBS not in batch.keys() and self.on_policy(rows)
+        if OLD_LOG_PROBS not in batch.keys() and not on_policy:
+            require(batch, FORWARD_KEYS, "update_policy")
+            batch.set(OLD_LOG_PROBS, self.compute_log_prob(batch)[0])
         use_kl = bool(self.config.use_kl_loss)
         keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
+        if on_policy:
+            keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
         data = batch.select(*keys)
         self.updater.settings.micro_rows()  # a bad micro size fails before any work
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)
-        loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group)
+        loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group, on_policy)
         metrics = self.updater.update(data, head, loss)
         lr = metrics.pop("actor/lr")
         metrics.update({"actor/kl_coef": float(self.config.kl_loss_coef) if use_kl else 0.0,

@@ -66,6 +66,11 @@ class ActorEngine(TrainedEngine):
                                                       self.loss_agg_mode))
         return NodeOutput(batch=batch, metrics=metrics)
 
+    def defers_old_log_probs(self, batch: Any) -> bool:
+        """True when the next update can take the old log-probs from its own first forward
+        (bitwise the same values), so the old-log-prob node need not run a forward."""
+        return self.actor.on_policy(batch.batch_size[0])
+
     def update_policy(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
         self._scheduler()
