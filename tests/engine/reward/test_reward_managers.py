@@ -36,7 +36,7 @@ def test_naive_scores_at_last_valid_token():
     assert out.batch["token_level_rewards"].data_ptr() != scores.data_ptr()
     assert get_non_tensor(out.batch, "score") == [1.0, 1.0, 0.0]
     assert get_non_tensor(out.batch, "acc") == [True, True, False]
-    assert "token_level_scores" not in batch.keys()  # the input batch is left alone
+    assert out.batch is batch  # fields are written into the batch handed in, no copy
     m = out.metrics
     assert m["critic/score/mean"] == pytest.approx(2 / 3)
     assert m["critic/score/max"] == 1.0 and m["critic/score/min"] == 0.0
@@ -174,3 +174,20 @@ def test_all_masked_row_and_empty_batch():
     empty = NaiveRewardManager(config={}, tokenizer=CharTokenizer()).compute_reward(batch[0:0])
     assert empty.batch["token_level_scores"].shape == (0, 4)
     assert empty.metrics == {"reward/errors": 0.0}
+
+
+def test_decode_matches_per_row_masking_with_holes_and_empty_batches():
+    class DecodeOnly:  # no batch_decode: the manager falls back to decode per row
+        def decode(self, ids, skip_special_tokens=True):
+            return CharTokenizer().decode(ids, skip_special_tokens)
+
+    ids = torch.tensor([[ord(c) for c in "abcd"], [ord(c) for c in "wxyz"],
+                        [ord(c) for c in "mnop"]])
+    mask = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 1, 0]])
+    expected = [CharTokenizer().decode(row[m > 0].tolist())
+                for row, m in zip(ids, mask, strict=True)]
+    assert expected == ["acd", "", "mno"]
+    for tok in (CharTokenizer(), DecodeOnly()):
+        manager = NaiveRewardManager(config={}, tokenizer=tok)
+        assert manager.decode(ids, mask) == expected
+        assert manager.decode(ids[:0], mask[:0]) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -116,8 +117,21 @@ class RewardManagerBase(abc.ABC):
         return mask
 
     def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> List[str]:
-        return [self.tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True)
-                for row, m in zip(responses, mask, strict=True)]
+        """Each row's tokens where its mask is set, decoded in one tokenizer call.
+
+        The ids leave the tensors once (``tolist``) and are filtered per row with
+        ``itertools.compress``: the same ids as ``row[m > 0].tolist()``, without a tensor
+        op per row. ``batch_decode`` decodes each sequence as ``decode`` would.
+        """
+        if responses.shape[0] == 0:  # batch_decode([]) would decode one empty sequence
+            return []
+        keep = (mask > 0).tolist()
+        seqs = [list(compress(row, k)) for row, k in zip(responses.tolist(), keep, strict=True)]
+        tokenizer = self.tokenizer
+        batch_decode = getattr(tokenizer, "batch_decode", None)
+        if batch_decode is None:  # minimal tokenizers (tests) have decode only
+            return [tokenizer.decode(seq, skip_special_tokens=True) for seq in seqs]
+        return list(batch_decode(seqs, skip_special_tokens=True))
 
     @staticmethod
     def _column(batch: Any, key: str, default: Any = DataError) -> list:
@@ -212,7 +226,9 @@ class RewardManagerBase(abc.ABC):
             last = mask.shape[1] - 1 - (mask.flip(1) > 0).to(torch.int8).argmax(dim=1)
             token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(rewards)
         token_scores = token_scores.to(responses.device)
-        out = batch.copy()  # shallow: the caller's batch keeps its fields
+        # The node writes its fields into the batch it was handed (as the actor's log-prob
+        # node does): a copy of a batch with per-row python fields costs more than scoring.
+        out = batch
         out.set(TOKEN_LEVEL_SCORES, token_scores)
         out.set(TOKEN_LEVEL_REWARDS, token_scores.clone())
         set_non_tensor(out, SCORE, scores)
