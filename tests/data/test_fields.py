@@ -73,7 +73,10 @@ def test_one_grpo_step_carries_exactly_these_fields(tmp_path):
          "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[]",
          "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
          "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "actor_rollout_ref.actor.use_kl_loss=true"],  # else the reference node is skipped
+         "actor_rollout_ref.actor.use_kl_loss=true",  # else the reference node is skipped
+         # two epochs: off-policy, so old_log_probs is a batch field (on-policy the update
+         # takes them from its own first forward)
+         "actor_rollout_ref.actor.ppo_epochs=2"],
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recorded = json.loads((tmp_path / "batch_fields.json").read_text())
