@@ -155,18 +155,19 @@ class DataParallelPPOActor(UpdatingRole):
         are the update's own first forward when ``on_policy``, else computed first."""
         if self.updater is None or self.backend.optimizer is None:
             raise RuntimeError("this actor has no optimizer; it can only compute log-probs")
-        rows = batch.batch_size[0]
-        on_policy = OLD_LOG_PROBS not in batch.keys() and self.on_policy(rows)
-        if OLD_LOG_PROBS not in batch.keys() and not on_policy:
-            require(batch, FORWARD_KEYS, "update_policy")
-            batch.set(OLD_LOG_PROBS, self.compute_log_prob(batch)[0])
+        self.updater.settings.micro_rows()  # a bad micro size fails before any work
+        on_policy = False
+        if OLD_LOG_PROBS not in batch.keys():
+            on_policy = self.on_policy(batch.batch_size[0])
+            if not on_policy:
+                require(batch, FORWARD_KEYS, "update_policy")
+                batch.set(OLD_LOG_PROBS, self.compute_log_prob(batch)[0])
         use_kl = bool(self.config.use_kl_loss)
         keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
         if on_policy:
             keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
         data = batch.select(*keys)
-        self.updater.settings.micro_rows()  # a bad micro size fails before any work
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)
         loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group, on_policy)
         metrics = self.updater.update(data, head, loss)

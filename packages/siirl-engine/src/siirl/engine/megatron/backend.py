@@ -97,17 +97,14 @@ class MegatronBackend:
 
     # ---- persistence ---------------------------------------------------------------
 
-    def _gpt(self) -> torch.nn.Module:
-        return self.schedule_model
-
     def save_checkpoint(self, directory: str, extra: Dict[str, Any],
                         contents: Tuple[str, ...]) -> None:
-        checkpointing.save_checkpoint(directory, self._gpt(), self.optimizer, extra, contents,
-                                      self.dp_rank, self.replicated)
+        checkpointing.save_checkpoint(directory, self.schedule_model, self.optimizer, extra,
+                                      contents, self.dp_rank, self.replicated)
 
     def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
-        return checkpointing.load_checkpoint(directory, self._gpt(), self.optimizer, contents,
-                                             self.replicated)
+        return checkpointing.load_checkpoint(directory, self.schedule_model, self.optimizer,
+                                             contents, self.replicated)
 
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """HF-named full tensors of the whole model, in buckets, on every rank (collective
