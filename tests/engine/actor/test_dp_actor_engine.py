@@ -56,7 +56,8 @@ def test_compute_log_prob_shape_and_values():
     with torch.no_grad():
         want, ent = ref_logprobs(engine.module, batch["input_ids"], batch["attention_mask"],
                                  batch["position_ids"], RESPONSE, calculate_entropy=True)
-    assert torch.allclose(out.batch["old_log_probs"], want, atol=1e-5)
+    valid = batch["response_mask"].bool()  # padded positions hold nothing by contract
+    assert torch.allclose(out.batch["old_log_probs"][valid], want[valid], atol=1e-5)
     assert out.metrics["actor/entropy"] == pytest.approx(
         agg_loss(ent, batch["response_mask"], "token-mean").item(), abs=1e-5)
 
@@ -254,7 +255,8 @@ def test_factory_loads_from_model_path_with_the_shared_logprob_code(tmp_path):
     with torch.no_grad():
         want, _ = ref_logprobs(actor.module, batch["input_ids"], batch["attention_mask"],
                                batch["position_ids"], RESPONSE)
-    assert torch.allclose(batch["old_log_probs"], want, atol=1e-5)
+    valid = batch["response_mask"].bool()  # padded positions hold 0 by contract
+    assert torch.allclose(batch["old_log_probs"][valid], want[valid], atol=1e-5)
     from_copy = copied.compute_ref_log_prob(batch.clone()).batch["ref_log_prob"]
     batch = loaded.compute_ref_log_prob(batch).batch
     assert torch.allclose(from_copy, batch["ref_log_prob"], atol=1e-6)

@@ -67,6 +67,15 @@ def test_config_node_kinds(model_dir):
     assert tok.encode("12+3", add_special_tokens=False) == [4, 5, 13, 6]
 
 
+def test_checkpointing_default_follows_the_device(model_dir):
+    # null (the default): off where the model trains on the CPU, on for accelerators
+    assert not checkpointing(loader.load_model(ModelArguments(path=str(model_dir))))
+    assert checkpointing(loader.load_model(ModelArguments(path=str(model_dir)),
+                                           device_type="cuda"))
+    assert not loader.checkpoints_activations(False, "cuda")
+    assert loader.checkpoints_activations(True, "cpu")
+
+
 def test_missing_path_is_a_config_error(tmp_path):
     missing = str(tmp_path / "nope")
     for cfg in ({"path": missing}, ModelArguments(path="~/models/absent-7b")):

@@ -211,7 +211,7 @@ RULES: Tuple[Rule, ...] = (
     _refused(("actor_rollout_ref.model.enable_activation_offload",
               "critic.model.enable_activation_offload"), "offload lands with issue 19",
              "activation offload is not implemented (issue 19); enable_gradient_checkpointing "
-             "(on by default) saves activation memory."),
+             "(on by default for GPUs) saves activation memory."),
     _na(("actor_rollout_ref.model.use_liger", "actor_rollout_ref.model.use_fused_kernels",
          "actor_rollout_ref.model.fused_kernel_options"), "no effect: transformers kernels",
         "fused GPU kernels (Liger, verl's fused log-prob kernels) are not used; the model runs "

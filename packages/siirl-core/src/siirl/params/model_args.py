@@ -90,7 +90,12 @@ class ModelArguments:
     use_shm: bool = False
     external_lib: str | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
-    enable_gradient_checkpointing: bool = True
+    enable_gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in the backward pass: saves activation "
+                          "memory for about one more forward per update. null: on for GPUs, "
+                          "off on the CPU."},
+    )
     enable_activation_offload: bool = False
     use_remove_padding: bool = False
     lora_rank: int = 0  # >0 enables LoRA
@@ -277,7 +282,7 @@ class CriticModelArguments:
     tokenizer_path: str | None = "${actor_rollout_ref.model.path}"
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
-    enable_gradient_checkpointing: bool = True
+    enable_gradient_checkpointing: bool | None = None  # null: on for GPUs, off on the CPU
     enable_activation_offload: bool = False
     use_remove_padding: bool = False
     trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"

@@ -6,9 +6,10 @@ strings) live in the same TensorDict as a ``NonTensorStack`` of B ``NonTensorDat
 items, so indexing, slicing, ``torch.cat``, ``split`` and ``repeat_interleave`` move
 them together with the tensors, and pickling keeps them.
 
-The stack is always built one ``NonTensorData`` per row (never with
-``NonTensorStack.from_list``): ``from_list`` turns equal-length nested lists into a
-2-D stack, so a row holding a list would change the field's shape.
+The stack is built one ``NonTensorData`` per row whenever a row holds a container:
+``NonTensorStack.from_list`` turns equal-length nested lists into a 2-D stack, so a row
+holding a list would change the field's shape. Columns of plain scalars (strings,
+numbers, None) use ``from_list``, which builds the same 1-D stack faster.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ __all__ = [
 ]
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _to_stack(values: Sequence) -> NonTensorStack:
+    # from_list is safe (and ~2.5x faster) when no row holds a nested value; see above.
+    if all(isinstance(v, _SCALARS) for v in values):
+        return NonTensorStack.from_list(list(values))
     # NonTensorStack() with no items already has batch_size [0], so B=0 needs no branch.
     return NonTensorStack(*[NonTensorData(data=v) for v in values])
 

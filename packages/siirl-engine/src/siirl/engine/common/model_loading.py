@@ -13,6 +13,7 @@ from siirl.params import SiiRLArguments
 
 def load_policy(cfg: SiiRLArguments) -> Tuple[torch.nn.Module, Any]:
     """(model of ``actor_rollout_ref.model`` in fp32 on the run's device, tokenizer)."""
+    device = resolve_device(cfg)
     module, tokenizer = load_model_and_tokenizer(cfg.actor_rollout_ref.model,
-                                                 dtype=torch.float32)
-    return module.to(resolve_device(cfg)), tokenizer
+                                                 dtype=torch.float32, device_type=device.type)
+    return module.to(device), tokenizer

@@ -114,9 +114,11 @@ def value_model_from_lm(lm: torch.nn.Module, seed: int = 0) -> ValueModel:
                       seed=seed)
 
 
-def build_value_model(model_cfg: Any, seed: int = 0,
-                      dtype: Any = torch.float32) -> ValueModel:
-    """Load ``model_cfg`` (``critic.model``) with the policy loader and wrap it."""
+def build_value_model(model_cfg: Any, seed: int = 0, dtype: Any = torch.float32,
+                      device_type: str = "cpu") -> ValueModel:
+    """Load ``model_cfg`` (``critic.model``) with the policy loader and wrap it
+    (``device_type``: where it will train)."""
     from siirl.engine.models.loader import load_model
 
-    return value_model_from_lm(load_model(model_cfg, dtype=dtype), seed=seed)
+    return value_model_from_lm(load_model(model_cfg, dtype=dtype, device_type=device_type),
+                               seed=seed)

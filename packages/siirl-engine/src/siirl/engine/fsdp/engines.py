@@ -32,6 +32,7 @@ from siirl.engine.critic.value_model import build_value_model, response_values
 from siirl.engine.fsdp.backend import FSDPBackend, compute_dtype
 from siirl.engine.fsdp.sharding import shard_fsdp2
 from siirl.engine.models.logprob import response_logprobs
+from siirl.engine.models.padding import on_used_columns
 from siirl.errors import ConfigError
 
 
@@ -41,12 +42,15 @@ def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float
     fn = logprob_fn or response_logprobs
 
     def heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
-        def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            log_probs, entropy = fn(module, micro[INPUT_IDS], micro[ATTENTION_MASK],
-                                    micro[POSITION_IDS], response_length=response_length,
-                                    temperature=temperature,
+        def named(module, input_ids, attention_mask, position_ids, width):
+            log_probs, entropy = fn(module, input_ids, attention_mask, position_ids,
+                                    response_length=width, temperature=temperature,
                                     calculate_entropy=calculate_entropy)
             return {"log_probs": log_probs, "entropy": entropy}
+
+        def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
+            return on_used_columns(named, module, micro[INPUT_IDS], micro[ATTENTION_MASK],
+                                   micro[POSITION_IDS], response_length)
 
         names = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
         return Head(head, names)
@@ -59,9 +63,12 @@ def value_heads(value_fn: Optional[Callable] = None) -> Callable[[int], Head]:
     fn = value_fn or response_values
 
     def heads(response_length: int) -> Head:
+        def named(module, input_ids, attention_mask, position_ids, width):
+            return {"values": fn(module, input_ids, attention_mask, position_ids, width)}
+
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            return {"values": fn(module, micro[INPUT_IDS], micro[ATTENTION_MASK],
-                                 micro[POSITION_IDS], response_length)}
+            return on_used_columns(named, module, micro[INPUT_IDS], micro[ATTENTION_MASK],
+                                   micro[POSITION_IDS], response_length)
 
         return Head(head, ("values",))
 
@@ -125,8 +132,10 @@ def fsdp_critic(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mo
     critic_cfg = cfg.critic
     rank, world_size = data_parallel_world(worker)
     if module is None:
-        module = build_value_model(critic_cfg.model, seed=run_seed(cfg))
-        module.to(resolve_device(cfg))
+        device = resolve_device(cfg)
+        module = build_value_model(critic_cfg.model, seed=run_seed(cfg),
+                                   device_type=device.type)
+        module.to(device)
     group = process_group(worker, "critic")
     sharded = should_shard(group)
     if sharded:

@@ -48,7 +48,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
              >= (4, 56) else "torch_dtype")
 
-__all__ = ["load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_model_path",
+__all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_model_path",
            "tiny_arith_dir", "smollm2_gguf_path", "to_dtype"]
 
 
@@ -192,8 +192,20 @@ def load_tokenizer(model_cfg: Any) -> Any:
     return tokenizer
 
 
-def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
-    """The causal LM for ``model_cfg.path`` in ``dtype`` (on CPU), with overrides applied."""
+def checkpoints_activations(setting: Any, device_type: str) -> bool:
+    """``enable_gradient_checkpointing``: true/false as set; null (the default) turns it on
+    for accelerators, where activation memory limits the batch, and off on the CPU, where
+    memory is rarely the limit and recomputing costs about one more forward per update."""
+    if setting is None:
+        return device_type != "cpu"
+    return bool(setting)
+
+
+def load_model(model_cfg: Any, dtype: Any = torch.float32,
+               device_type: str = "cpu") -> torch.nn.Module:
+    """The causal LM for ``model_cfg.path`` in ``dtype`` (on CPU), with overrides applied;
+    ``device_type`` is where it will train (it decides the activation-checkpointing
+    default)."""
     model_cfg = model_settings(model_cfg)
     _import_external_lib(model_cfg)
     kind, where, gguf_file = resolve_model_path(model_cfg.path)
@@ -209,7 +221,7 @@ def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
                                                      **kwargs)
     except OSError as err:  # missing files / not in the cache: the user's path is wrong
         raise _load_error(kind, where, err) from err
-    if model_cfg.enable_gradient_checkpointing:
+    if checkpoints_activations(model_cfg.enable_gradient_checkpointing, device_type):
         # non-reentrant: works with frozen inputs and with torch.no_grad log-prob passes.
         # transformers 5 renamed the method (the old name warns, and goes in v6).
         kwargs = {"use_reentrant": False}
@@ -220,10 +232,11 @@ def load_model(model_cfg: Any, dtype: Any = torch.float32) -> torch.nn.Module:
     return model
 
 
-def load_model_and_tokenizer(model_cfg: Any, dtype: Any = torch.float32) -> tuple[Any, Any]:
+def load_model_and_tokenizer(model_cfg: Any, dtype: Any = torch.float32,
+                             device_type: str = "cpu") -> tuple[Any, Any]:
     """``(model, tokenizer)``; the model's pad/eos ids follow the tokenizer where unset."""
     tokenizer = load_tokenizer(model_cfg)
-    model = load_model(model_cfg, dtype=dtype)
+    model = load_model(model_cfg, dtype=dtype, device_type=device_type)
     for cfg in (model.config, getattr(model, "generation_config", None)):
         if cfg is not None and getattr(cfg, "pad_token_id", None) is None:
             cfg.pad_token_id = tokenizer.pad_token_id
