@@ -27,6 +27,8 @@ import time
 
 STARTED = time.perf_counter()
 
+from bench_info import run_facts  # noqa: E402  (after the clock starts; tools/bench on path)
+
 
 def build_worker(run_dir: str, rounds: int, overrides: list):
     from siirl.dag_worker.dagworker import DAGWorker
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     if args.model:
         overrides = [f"actor_rollout_ref.model.path={args.model}", *overrides]
     result = run(max(2, args.rounds), overrides)
+    result["run"] = run_facts(argv)
     report(result)
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=2)

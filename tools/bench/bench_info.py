@@ -1,0 +1,26 @@
+"""What a benchmark's JSON records about where and how it ran (for the README's speed
+section: every number there names its machine, date and command)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+
+
+def run_facts(argv: list | None = None) -> dict:
+    """Date, command line, machine and library versions of this run."""
+    import torch
+
+    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "?"
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {
+        "date": datetime.date.today().isoformat(),
+        "command": shlex.join([".venv/bin/python", script, *args]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"
+                   + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
