@@ -5,10 +5,10 @@ looked up on every call, so an optimizer step of an actor that trains it in plac
 is visible to the next rollout as is; an actor that trains another copy (megatron) hands
 its weights over through the worker's weight-sync step (``load_weights``).
 
-Decoding is a plain KV-cached loop (prefill once, then one token per step) rather than
-``model.generate``: on CPU with small models the per-step overhead of
-``generate`` dominates, and the loop's sampling (temperature, top-k, top-p) is exactly the
-one documented here, independent of the model's generation_config.
+Decoding is a KV-cached loop of our own (``sampler``) rather than ``model.generate``: each
+prompt is prefilled once for its ``n`` samples and finished rows leave the batch, with
+exactly the tokens of the plain loop (``reference``); sampling (temperature, top-k, top-p)
+is the one documented in ``sampling``, independent of the model's generation_config.
 
 Randomness is per row (``keyed_random``): a response's noise is keyed by the run seed, the
 prompt's ``sample_id`` (from the dataloader), its index among the ``n`` samples, the
@@ -38,10 +38,12 @@ from siirl.data_coordinator.fields import (
 from siirl.engine.common.config import typed_config
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
-from siirl.engine.models.logprob import accepts_kwarg
-from siirl.engine.rollout.keyed_random import row_keys, uniforms
+from siirl.engine.rollout.keyed_random import row_keys
+from siirl.engine.rollout.sampler import decode
+from siirl.engine.rollout.sampling import sample_next_token
 
 __all__ = ["HFRollout", "decode", "postprocess_responses", "sample_next_token"]
+
 
 def _as_int(value: Any) -> int | None:
     # A dict/dataclass config may still hold an unresolved "${...}" string.
@@ -49,73 +51,6 @@ def _as_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def sample_next_token(logits: torch.Tensor, greedy: bool, temperature: float = 1.0,
-                      top_k: int = -1, top_p: float = 1.0,
-                      noise: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token ids [B] from last-position logits [B, V] (float32 math).
-
-    ``noise`` (uniforms [B] in [0, 1)) picks each row's token by inverting its cumulative
-    distribution, so a row's choice depends on its own noise only; without it, tokens are
-    drawn with ``torch.multinomial`` from the global RNG.
-    """
-    if greedy:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if 0.0 < top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # drop a token once the mass before it already reaches top_p (the top one stays)
-        drop = (probs.cumsum(dim=-1) - probs) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    if noise is None:
-        return torch.multinomial(probs, 1).squeeze(-1)
-    cdf = probs.double().cumsum(dim=-1)
-    target = noise.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
-    # the first token whose cumulative mass exceeds the target (never a zero-mass token)
-    return (cdf <= target).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
-
-
-@torch.no_grad()
-def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-           position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
-           greedy: bool, temperature: float = 1.0, top_k: int = -1,
-           top_p: float = 1.0, keys: torch.Tensor | None = None) -> torch.Tensor:
-    """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
-    (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
-    ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``)."""
-    rows = input_ids.shape[0]
-    if max_new_tokens <= 0 or rows == 0:
-        return input_ids.new_zeros((rows, 0))
-    keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
-    eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
-    out = module(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids, use_cache=True, **keep_last)
-    next_pos = position_ids[:, -1:] + 1
-    finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    ones = attention_mask.new_ones((rows, 1))
-    tokens = []
-    for step in range(max_new_tokens):
-        noise = uniforms(keys, step) if keys is not None and not greedy else None
-        tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p,
-                                noise)
-        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
-        tokens.append(tok)
-        finished |= torch.isin(tok, eos)
-        if step == max_new_tokens - 1 or bool(finished.all()):
-            break
-        attention_mask = torch.cat([attention_mask, ones], dim=1)
-        out = module(input_ids=tok[:, None], attention_mask=attention_mask,
-                     position_ids=next_pos, past_key_values=out.past_key_values,
-                     use_cache=True, **keep_last)
-        next_pos = next_pos + 1
-    return torch.stack(tokens, dim=1)
 
 
 def postprocess_responses(tokens: torch.Tensor, width: int, eos_ids: list[int],
@@ -223,10 +158,13 @@ class HFRollout:
             eos_ids = []
         n = params.pop("n")
         if SAMPLE_ID in batch.keys() and UID not in batch.keys():
-            # group ids that are the same whichever worker holds the prompt
-            batch = batch.copy()
-            protocol.set_non_tensor(batch, UID, [str(i) for i in batch[SAMPLE_ID].tolist()])
-        out = protocol.repeat_interleave(batch, n)
+            # group ids that are the same whichever worker holds the prompt, set on the
+            # repeated rows: adding them to a copy of the input batch would copy every
+            # non-tensor row too
+            out = batch.repeat_interleave(n, dim=0)
+            protocol.set_non_tensor(out, UID, [str(i) for i in out[SAMPLE_ID].tolist()])
+        else:
+            out = protocol.repeat_interleave(batch, n)
         keys = self.noise_keys(out, n)
         prompts, prompt_mask = out[INPUT_IDS], out[ATTENTION_MASK]
         if POSITION_IDS in out.keys():

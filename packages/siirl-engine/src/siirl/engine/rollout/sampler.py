@@ -1,0 +1,117 @@
+"""The ``hf`` rollout's decoding loop: the tokens of ``reference.reference_decode``, for less.
+
+Two savings, neither of which changes a token:
+
+- a prompt is prefilled once for its ``n`` samples (consecutive equal rows), then its KV
+  cache rows and last logits are copied to the samples' rows;
+- rows that emitted EOS leave the batch (their cache rows are dropped) once enough of them
+  have, instead of being fed pads to the end.
+
+Tokens stay bitwise equal to the reference loop because every row's arithmetic is the same:
+a linear layer's rows do not depend on the other rows of its batch, except that BLAS
+(MKL on x86) takes another path, with other rounding, for matrices of fewer than 4 rows; so
+the loop never runs fewer rows than ``min(rows, 4)`` where the reference ran ``rows``.
+
+Measured and left out (tools/bench/sampler.py, CPU): a static or preallocated KV cache
+written in place instead of transformers' per-step ``torch.cat`` was no faster on the
+built-in model or SmolLM2-135M (and a static cache changes logits by ~1e-5: attention runs
+over the padded length).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from siirl.engine.models.logprob import accepts_kwarg
+from siirl.engine.rollout.keyed_random import uniforms
+from siirl.engine.rollout.sampling import sample_next_token
+
+__all__ = ["decode", "distinct_rows"]
+
+# fewer rows than this and a matmul's rounding can change (see the module docstring)
+_MIN_ROWS = 4
+
+
+def distinct_rows(*columns: torch.Tensor, at_least: int = 1
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, inverse)`` for runs of equal consecutive rows of the side-by-side
+    ``columns`` (the ``n`` samples of a prompt sit together): the index of each run's first
+    row (padded with repeats of row 0 to ``at_least``) and, per row, its run's position in
+    ``first``. None when no row equals the one before it."""
+    whole = torch.cat([c.reshape(c.shape[0], -1).to(torch.int64) for c in columns], dim=1)
+    starts = torch.ones(whole.shape[0], dtype=torch.bool, device=whole.device)
+    starts[1:] = (whole[1:] != whole[:-1]).any(dim=1)
+    first = starts.nonzero().squeeze(1)
+    if first.numel() == whole.shape[0]:
+        return None
+    if first.numel() < at_least:
+        first = torch.cat([first, first[:1].expand(at_least - first.numel())])
+    return first, starts.cumsum(0) - 1
+
+
+@torch.no_grad()
+def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+           greedy: bool, temperature: float = 1.0, top_k: int = -1,
+           top_p: float = 1.0, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
+    (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
+    ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``)."""
+    rows, width = input_ids.shape
+    if max_new_tokens <= 0 or rows == 0:
+        return input_ids.new_zeros((rows, 0))
+    floor = min(rows, _MIN_ROWS)
+    keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
+    eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
+    prompt = (input_ids, attention_mask, position_ids)
+    groups = distinct_rows(*prompt, at_least=floor)
+    if groups is not None:  # prefill one row per prompt
+        prompt = tuple(t.index_select(0, groups[0]) for t in prompt)
+    out = module(input_ids=prompt[0], attention_mask=prompt[1], position_ids=prompt[2],
+                 use_cache=True, **keep_last)
+    cache = out.past_key_values
+    if not hasattr(cache, "reorder_cache"):  # not a transformers Cache: the plain loop
+        from siirl.engine.rollout.reference import reference_decode
+        return reference_decode(module, input_ids, attention_mask, position_ids,
+                                max_new_tokens, eos_ids, pad_id, greedy, temperature,
+                                top_k, top_p, keys)
+    logits = out.logits[:, -1, :]
+    if groups is not None:  # then one row per sample
+        logits = logits.index_select(0, groups[1])
+        cache.reorder_cache(groups[1])
+    # the whole mask up front: step s reads its first width + s + 1 columns
+    mask = torch.cat([attention_mask, attention_mask.new_ones((rows, max_new_tokens))], dim=1)
+    next_pos = position_ids[:, -1:] + 1
+    tokens = input_ids.new_full((rows, max_new_tokens), pad_id)
+    live = torch.arange(rows, device=input_ids.device)  # output row of each batch row
+    finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+    step = 0
+    for step in range(max_new_tokens):
+        noise = uniforms(keys, step) if keys is not None and not greedy else None
+        tok = sample_next_token(logits, greedy, temperature, top_k, top_p, noise)
+        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+        tokens[live, step] = tok
+        finished |= torch.isin(tok, eos)
+        left = max_new_tokens - 1 - step  # forwards still to run
+        if left == 0:
+            break
+        done = int(finished.sum())
+        if done == live.numel():
+            break
+        # copying the cache once costs about one step's attention; dropping `done` of the
+        # live rows saves that share of each step still to come
+        if done and done * left >= live.numel() and live.numel() > floor:
+            kept = (~finished).nonzero().squeeze(1)
+            if kept.numel() < floor:
+                kept = torch.cat([kept, finished.nonzero().squeeze(1)[:floor - kept.numel()]])
+            cache.reorder_cache(kept)
+            live, tok, mask, next_pos, finished = (t.index_select(0, kept) for t in
+                                                   (live, tok, mask, next_pos, finished))
+            if keys is not None:
+                keys = keys.index_select(0, kept.to(keys.device))
+        out = module(input_ids=tok[:, None], attention_mask=mask[:, :width + step + 1],
+                     position_ids=next_pos, past_key_values=cache, use_cache=True,
+                     **keep_last)
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    return tokens[:, :step + 1]
