@@ -2,9 +2,13 @@
 
 One spawn of 2 ranks and one of 4 ranks each run several scenarios (starting processes
 dominates the cost); every rank pickles what it got to tmp_path and the parent checks
-it against the source batches, rebuilt here from the same seeds.
+it against the source batches, rebuilt here from the same seeds. The ranks share this
+machine, so rows go through shared memory unless a scenario turns that off (then gloo,
+the route between nodes); both must give the same rows, bitwise, in the same order.
 """
 
+import gc
+import os
 import pickle
 import random
 import socket
@@ -16,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from siirl.data_coordinator import same_node
 from siirl.data_coordinator.data_buffer import DataBuffer, Layout, plan, source_labels
 from siirl.data_coordinator.protocol import get_non_tensor, make_batch, non_tensor_keys
 from siirl.errors import DataError
@@ -38,7 +43,8 @@ def source_batch(rank: int, groups: int, width: int = WIDTH, long: bool = False)
     rid = torch.arange(rows) + 1000 * rank
     lengths = [rng.randint(width // 2, width) if long else rng.randint(1, width // 4)
                for _ in range(rows)]
-    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long)
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths],
+                        dtype=torch.long).reshape(rows, width)
     return make_batch(
         {"rid": rid, "attention_mask": mask, "input_ids": rid[:, None] * mask,
          "logp": rid[:, None].float() / 7 + torch.zeros(rows, width),
@@ -59,14 +65,55 @@ def plain(batch):
             "values": {k: get_non_tensor(batch, k) for k in non_tensor_keys(batch)}}
 
 
+def shm_open():
+    """This process's shared-memory files: descriptors and mappings (none once every
+    DataBuffer is closed or collected)."""
+    gc.collect()
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    with open("/proc/self/maps") as f:
+        maps = [line for line in f if "siirl-databuffer" in line]
+    return sum("siirl-databuffer" in fd for fd in fds) + len(maps)
+
+
+def round_trip(batch, buf):
+    dp2, dp1_tp2 = Layout.data_parallel(2), Layout.data_parallel(2, tp_size=2)
+    mid = buf.redistribute(batch, dp2, dp1_tp2)
+    end = buf.redistribute(mid, dp1_tp2, dp2)
+    return {"mid": plain(mid), "end": plain(end), "sent": buf.bytes_sent,
+            "rows_sent": buf.rows_sent, "shared_rows": buf.traffic.shared_rows}
+
+
 def _scenarios_2(rank, out):
     dp2, dp1_tp2 = Layout.data_parallel(2), Layout.data_parallel(2, tp_size=2)
     batch = source_batch(rank, groups=4, long=rank == 0)
-    buf = DataBuffer(timeout=30)
-    mid = buf.redistribute(batch, dp2, dp1_tp2)
-    end = buf.redistribute(mid, dp1_tp2, dp2)
-    out["round_trip"] = {"mid": plain(mid), "end": plain(end), "sent": buf.bytes_sent,
-                         "rows_sent": buf.rows_sent}
+    out["round_trip"] = round_trip(batch, DataBuffer(timeout=30))
+    out["round_trip_gloo"] = round_trip(batch, DataBuffer(shared_memory=False))
+
+    # rank 1 cannot open rank 0's staging: 0 -> 1 takes gloo, 1 -> 0 shared memory
+    real_open = same_node.open_peer
+    if rank == 1:
+        same_node.open_peer = lambda identity: None
+    mixed = DataBuffer()
+    got = mixed.redistribute(batch, dp2, dp1_tp2)
+    same_node.open_peer = real_open
+    out["mixed"] = {"got": plain(got), "shared_rows": mixed.traffic.shared_rows}
+    # rank 1's staging cannot grow: its rows take gloo for this call
+    if rank == 1:
+        def no_memory(size):
+            raise OSError(12, "no memory")
+        mixed._local.staging.reserve = no_memory
+    got = mixed.redistribute(batch, dp2, dp1_tp2)
+    out["fallback"] = {"got": plain(got), "shared_rows": mixed.traffic.shared_rows}
+    mixed.close()
+    got = mixed.redistribute(batch, dp2, dp1_tp2)  # closed: gloo from now on
+    out["closed"] = {"got": plain(got), "shared_rows": mixed.traffic.shared_rows}
+
+    # empty shards: one source without rows, then none with any
+    empty = source_batch(rank, groups=0)
+    for name, shard in (("one_empty", batch if rank == 0 else empty), ("all_empty", empty)):
+        buf = DataBuffer()
+        out[name] = plain(buf.redistribute(shard, dp2, dp1_tp2))
 
     same = DataBuffer()
     out["same"] = {"is_same": same.redistribute(batch, dp2, dp2) is batch,
@@ -97,6 +144,8 @@ def _scenarios_4(rank, out):
     buf = DataBuffer()
     batch = source_batch(rank, groups=2, long=rank < 2)
     out["4to2"] = plain(buf.redistribute(batch, dp4, dp2_tp2))
+    out["4to2_shared_rows"] = buf.traffic.shared_rows
+    out["4to2_gloo"] = plain(DataBuffer(shared_memory=False).redistribute(batch, dp4, dp2_tp2))
     # DP 2 -> DP 4: ranks 1 and 3 are TP peers, not sources; their batch is ignored.
     batch = source_batch(rank, groups=4, long=rank == 0) if rank in (0, 2) else None
     out["2to4"] = plain(buf.redistribute(batch, dp2_tp2, dp4))
@@ -107,14 +156,27 @@ def _scenarios_4(rank, out):
                                                           Layout((2, 3)))),
                        "sent": disjoint.bytes_sent}
 
+    # Two "nodes", ranks {0, 1} and {2, 3}: shared memory within each, gloo across.
+    real_key = same_node.node_key
+    same_node.node_key = lambda: f"node{rank // 2}"
+    nodes = DataBuffer()
+    batch = source_batch(rank, groups=2, long=rank < 2)
+    out["nodes"] = plain(nodes.redistribute(batch, dp4, dp2_tp2))
+    same_node.node_key = real_key
+    out["nodes_rows"] = (nodes.traffic.shared_rows, nodes.rows_sent)
+
 
 def worker(rank: int, world: int, port: int, workdir: str) -> None:
     torch.set_num_threads(1)  # the ranks share a small machine
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     out: dict = {}
+    dev_shm = set(os.listdir("/dev/shm"))
     try:
         (_scenarios_2 if world == 2 else _scenarios_4)(rank, out)
+        # every file went with its buffer (errors included), none ever had a name
+        out["files_left"] = shm_open()
+        out["dev_shm_new"] = sorted(set(os.listdir("/dev/shm")) - dev_shm)
     finally:
         with open(f"{workdir}/rank{rank}.pkl", "wb") as f:
             pickle.dump(out, f)
@@ -207,10 +269,54 @@ def test_two_ranks(tmp_path):
         assert "disagree on fields" in r["errors"]["width"] and "pad" in r["errors"]["width"]
         assert "3 groups" in r["errors"]["groups"]
         assert "2 destination DP groups" in r["errors"]["groups"]
+        assert r["files_left"] == 0 and r["dev_shm_new"] == []
+
+    # the same rows, bitwise and in the same order, through shared memory or gloo
+    for r in (r0, r1):
+        shm, gloo = r["round_trip"], r["round_trip_gloo"]
+        for step in ("mid", "end"):
+            assert_same(shm[step], gloo[step])
+        assert shm["rows_sent"] == gloo["rows_sent"] == shm["shared_rows"] > 0
+        assert gloo["shared_rows"] == 0 and gloo["sent"] > 100 * shm["sent"]
+    # mixed routes (rank 1 cannot reach rank 0), a runtime fallback, a closed buffer
+    assert (r0["mixed"]["shared_rows"], r1["mixed"]["shared_rows"]) == (0, 12)
+    assert (r0["fallback"]["shared_rows"], r1["fallback"]["shared_rows"]) == (0, 12)
+    assert (r0["closed"]["shared_rows"], r1["closed"]["shared_rows"]) == (0, 12)
+    for r in (r0, r1):
+        for name in ("mixed", "fallback", "closed"):
+            assert_same(r[name]["got"], r["round_trip"]["mid"])
+
+    # empty shards: a source with no rows adds none; no rows at all gives an empty batch
+    rank0 = sorted(rid for rid in want if rid < 1000)
+    for r in (r0, r1):
+        assert r["one_empty"]["tensors"]["rid"].tolist() == rank0
+        empty = r["all_empty"]
+        assert empty["keys"] == r["one_empty"]["keys"]
+        for key, t in r["one_empty"]["tensors"].items():
+            got = empty["tensors"][key]
+            assert got.dtype == t.dtype and got.shape == (0, *t.shape[1:])
+        assert all(v == [] for v in empty["values"].values()) and len(empty["values"]) == 3
+
+
+def assert_same(a: dict, b: dict) -> None:
+    """Two results hold the same fields, rows and order, bit for bit."""
+    assert a["keys"] == b["keys"] and a["values"] == b["values"]
+    for key, t in a["tensors"].items():
+        u = b["tensors"][key]
+        assert t.dtype == u.dtype and t.shape == u.shape
+        assert torch.equal(t.view(-1).view(torch.uint8), u.view(-1).view(torch.uint8)), key
 
 
 def test_four_ranks(tmp_path):
     results = spawn(4, tmp_path)
+    for r in results:
+        assert_same(r["4to2"], r["4to2_gloo"])
+        assert_same(r["nodes"], r["4to2_gloo"])
+        assert r["4to2_shared_rows"] > 0
+        assert r["files_left"] == 0 and r["dev_shm_new"] == []
+    # rows for a node peer go through shared memory, rows for the other node over gloo
+    shared, sent = (sum(r["nodes_rows"][i] for r in results) for i in (0, 1))
+    assert 0 < shared < sent
     want = expected_rows({r: 2 for r in range(4)}, long=lambda r: r < 2)
     # DP 4 -> DP 2 (tp 2): TP peers get identical rows
     for a, b in ((0, 1), (2, 3)):

@@ -7,7 +7,10 @@ One run measures
 - memcpy: one process cloning a payload the size of the whole batch;
 - databuffer: N gloo worker processes, each holding rows/N rows, change layout from
   DP N to DP N/2 with tp 2 (N -> 1 when N = 2: both ranks read every row) with
-  ``DataBuffer.redistribute``; no process sees more than the rows it sends or receives;
+  ``DataBuffer.redistribute``; no process sees more than the rows it sends or receives.
+  The workers share one node, so rows go through shared memory (path ``shm``);
+- databuffer-gloo: the same with ``shared_memory=False``, every row over gloo (the route
+  ranks on different nodes take);
 - centralized: the same change of layout the single-controller way in the same process
   group: every worker sends its rows to a driver (rank 0, which keeps its own), the driver
   concatenates, balances with the same plan, and sends every destination rank its rows.
@@ -15,8 +18,13 @@ One run measures
   also pickle the batch through its object store).
 Throughput is batch bytes (all tensor fields, whole batch) / seconds of the slowest rank,
 so the ratios are time ratios; ``wire_bytes`` is what actually crossed the transport
-(headers included, the metadata all-gather not). ``--scaling`` additionally runs the main
-job with 1 and 2 CPU workers at 16 prompts per worker and reports the scaling efficiency.
+(headers and shared-memory notes included, the metadata all-gather not), ``shm_bytes``
+what senders wrote to their shared-memory staging, ``meta_bytes`` the metadata records
+all ranks all-gathered, ``driver_bytes`` what went through a driver process (none for the
+DataBuffer: it has no driver), and ``path`` which route the rows took (shm, gloo or
+mixed). ``--scaling`` additionally runs the main job with 1 and 2 CPU workers at 16
+prompts per worker and reports the scaling efficiency (through tools/bench/scaling.py, which
+gives the full report).
 """
 
 from __future__ import annotations
@@ -24,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -110,28 +116,39 @@ def _worker(rank: int, world: int, port: int, args: dict, out_path: str) -> None
     dst = Layout.data_parallel(world, tp_size=2)
     shard = make_shard(rank, args["rows"] // world, args["width"])
     result = {}
-    for name in ("databuffer", "centralized"):
-        buf = DataBuffer()
-        times, wire, driver = [], [], []
-        for i in range(args["repeat"] + 1):  # call 0 sets up the gloo pairs: not timed
-            sent, got = buf.bytes_sent, buf.bytes_received
+    counters = ("bytes_sent", "shared_bytes", "meta_bytes", "rows_sent", "shared_rows")
+    for name in ("databuffer", "databuffer-gloo", "centralized"):
+        buf = DataBuffer(shared_memory=name == "databuffer")
+        times, sums, driver = [], [], []
+        # call 0 sets up the gloo pairs and maps the shared-memory files: not timed
+        for i in range(args["repeat"] + 1):
+            before = [getattr(buf.traffic, c) for c in counters] + [buf.bytes_received]
             dist.barrier()
             start = time.perf_counter()
-            if name == "databuffer":
-                buf.redistribute(shard, src, dst)
-            else:
+            if name == "centralized":
                 centralized(buf, shard, src, dst, "karmarkar_karp")
-            stats = torch.tensor([time.perf_counter() - start, buf.bytes_sent - sent,
-                                  buf.bytes_received - got], dtype=torch.float64)
-            driver_bytes = float(stats[1] + stats[2]) if rank == 0 else 0.0
+            else:
+                out = buf.redistribute(shard, src, dst)
+                del out  # as the centralized baseline's result: freed before the next call
+            seconds = time.perf_counter() - start
+            delta = [getattr(buf.traffic, c) - b for c, b in zip(counters, before, strict=False)]
+            received = buf.bytes_received - before[-1]
+            # rank 0 is the driver of the centralized baseline: all it moves
+            driver_bytes = delta[0] + received if rank == 0 and name == "centralized" else 0
+            stats = torch.tensor([seconds, driver_bytes, *delta], dtype=torch.float64)
             dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
-            dist.all_reduce(stats[1:2], op=dist.ReduceOp.SUM)
+            dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
             if i:
                 times.append(float(stats[0]))
-                wire.append(float(stats[1]))
-                driver.append(driver_bytes)
-        result[name] = {"seconds": statistics.median(times), "wire_bytes": wire[-1],
-                        "driver_bytes": driver[-1] if name == "centralized" else 0.0}
+                driver.append(float(stats[1]))
+                sums.append(dict(zip(counters, stats[2:].tolist(), strict=True)))
+        last = sums[-1]
+        shared, rows = last["shared_rows"], last["rows_sent"]
+        path = "gloo" if not shared else "shm" if shared == rows else "mixed"
+        result[name] = {"seconds": statistics.median(times), "wire_bytes": last["bytes_sent"],
+                        "shm_bytes": last["shared_bytes"], "meta_bytes": last["meta_bytes"],
+                        "driver_bytes": driver[-1], "path": path}
+        buf.close()
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(result, f)
@@ -156,53 +173,24 @@ def bench_workers(world: int, args: dict) -> dict:
             return json.load(f)
 
 
-def _launch(cmd: list, timeout: float) -> tuple[int, str]:
-    """Run the job in its own session, so a timeout also ends the workers it started."""
-    env = dict(os.environ)
-    env.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token files
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise TimeoutError(f"no result in {timeout:.0f} s; last output: "
-                           f"{output[-400:].strip()}") from None
-    return proc.returncode, output
-
-
 def bench_scaling(steps: int, timeout: float) -> dict:
-    """Main job at 1 and 2 CPU workers, 16 prompts (x rollout.n samples) per worker;
-    steps/s skip step 1."""
-    exe = os.path.join(os.path.dirname(sys.executable), "siirl-train")
+    """Main job at 1 and 2 CPU workers, 16 prompts (x rollout.n samples) per worker, run by
+    tools/bench/scaling.py (which also probes the machine and splits the step by node: use
+    it directly for the full report)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "scaling", os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling.py"))
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
     out: dict = {}
     for n in (1, 2):
-        with tempfile.TemporaryDirectory() as run_dir:
-            cmd = [exe, "trainer.device=cpu", "trainer.nnodes=1",
-                   f"trainer.n_gpus_per_node={n}", f"data.train_batch_size={16 * n}",
-                   f"actor_rollout_ref.actor.ppo_mini_batch_size={16 * n}",
-                   f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-                   "trainer.val_before_train=false", "trainer.save_freq=-1",
-                   "trainer.logger=[console]", f"trainer.default_local_dir={run_dir}",
-                   # a private Ray cluster: never join (and load) one someone else runs
-                   "trainer.ray_address=local", f"trainer.ray_temp_dir={run_dir}/ray"]
-            try:
-                returncode, output = _launch(cmd, timeout)
-                if returncode:
-                    errors = [ln for ln in output.splitlines() if "error" in ln.lower()]
-                    raise RuntimeError(f"exit {returncode}: "
-                                       f"{(errors[-1] if errors else output)[-600:].strip()}")
-                with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-                    records = [json.loads(line) for line in f if line.strip()]
-                times = [r["timing_s/step"] for r in records if "timing_s/step" in r][1:]
-                if not times:
-                    raise RuntimeError(f"metrics.jsonl has no step after the first ({steps=})")
-                step_s = statistics.fmean(times)
-                out[n] = {"steps_per_s": 1 / step_s, "prompts_per_s": 16 * n / step_s,
-                          "steps_measured": len(times)}
-            except Exception as err:  # report, do not crash the whole benchmark
-                return {"error": f"{n} worker(s): {type(err).__name__}: {err}", **out}
+        try:
+            run = scaling.run_job(n, steps, 16, [], timeout)
+        except Exception as err:  # report, do not crash the whole benchmark
+            return {"error": f"{n} worker(s): {type(err).__name__}: {err}", **out}
+        out[n] = {"steps_per_s": 1 / run["step_s"], "prompts_per_s": 16 * n / run["step_s"],
+                  "steps_measured": run["steps_measured"]}
     out["efficiency"] = out[2]["prompts_per_s"] / out[1]["prompts_per_s"] / 2
     return out
 
@@ -227,9 +215,10 @@ def main(argv=None) -> int:
                     "memcpy": bench_memcpy(args.rows, args.width, args.repeat), "workers": {}}
     memcpy = result["memcpy"]["gbps"]
     print(f"batch: {args.rows} rows x {args.width} wide, {size / 1e6:.1f} MB\n")
-    print(f"{'setup':<30}{'seconds':>10}{'GB/s':>8}{'wire MB':>10}{'driver MB':>11}"
-          f"{'/memcpy':>9}{'/central':>10}")
-    print(f"{'memcpy (clone, 1 process)':<30}{result['memcpy']['seconds']:>10.4f}{memcpy:>8.2f}")
+    print(f"{'setup':<36}{'path':>6}{'seconds':>9}{'GB/s':>7}{'wire MB':>9}{'shm MB':>8}"
+          f"{'meta KB':>9}{'driver MB':>11}{'/memcpy':>9}{'/central':>10}")
+    print(f"{'memcpy (clone, 1 process)':<36}{'':>6}{result['memcpy']['seconds']:>9.4f}"
+          f"{memcpy:>7.2f}")
     for n in args.workers:
         res = bench_workers(n, {"rows": args.rows, "width": args.width, "repeat": args.repeat})
         for entry in res.values():
@@ -237,14 +226,19 @@ def main(argv=None) -> int:
         ours, central = res["databuffer"], res["centralized"]
         res["ratio_to_memcpy"] = ours["gbps"] / memcpy
         res["ratio_to_centralized"] = ours["gbps"] / central["gbps"]
+        res["gloo_ratio_to_memcpy"] = res["databuffer-gloo"]["gbps"] / memcpy
         result["workers"][str(n)] = res
         shape = f"DP{n}->DP{n // 2}"
-        for name, entry in (("databuffer", ours), ("centralized", central)):
-            ratios = (f"{entry['gbps'] / memcpy:>9.3f}"
-                      + (f"{res['ratio_to_centralized']:>10.2f}" if name == "databuffer" else ""))
-            print(f"{f'{name} {shape} ({n} procs)':<30}{entry['seconds']:>10.4f}"
-                  f"{entry['gbps']:>8.2f}{entry['wire_bytes'] / 1e6:>10.1f}"
-                  f"{entry['driver_bytes'] / 1e6:>11.1f}{ratios}")
+        for name in ("databuffer", "databuffer-gloo", "centralized"):
+            entry = res[name]
+            ratios = f"{entry['gbps'] / memcpy:>9.3f}"
+            if name != "centralized":
+                ratios += f"{entry['gbps'] / central['gbps']:>10.2f}"
+            print(f"{f'{name} {shape} ({n} procs)':<36}{entry['path']:>6}"
+                  f"{entry['seconds']:>9.4f}{entry['gbps']:>7.2f}"
+                  f"{entry['wire_bytes'] / 1e6:>9.1f}{entry['shm_bytes'] / 1e6:>8.1f}"
+                  f"{entry['meta_bytes'] / 1e3:>9.1f}{entry['driver_bytes'] / 1e6:>11.1f}"
+                  f"{ratios}")
     if args.scaling:
         result["scaling"] = scaling = bench_scaling(args.scaling_steps, args.scaling_timeout)
         print("\nmain job, 16 prompts x rollout.n per CPU worker:")

@@ -8,6 +8,7 @@ without a coordinator. Hence: no randomness, and ties are broken by index.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Hashable, Sequence
 
 from siirl.errors import DataError
@@ -34,27 +35,45 @@ def karmarkar_karp(weights: Sequence[float], k: int, equal_size: bool = True) ->
     so every merge keeps all parts at the same item count.
     """
     _check(weights, k, equal_size)
-    order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
+    if k == 1:  # nothing to balance
+        return [list(range(len(weights)))]
+    order = sorted(range(len(weights)), key=weights.__getitem__)  # stable: ties by index
     if equal_size:
         seeds = [order[o : o + k] for o in range(0, len(order), k)]
     else:
         seeds = [[i] for i in order]
+    # A part's items are a tree of pairs (leaves: indices), flattened once at the end:
+    # concatenating lists at every merge would make the method quadratic in the items.
     heap: list = []
     for tick, seed in enumerate(seeds):
-        state = [(weights[i], [i]) for i in seed] + [(0, [])] * (k - len(seed))
-        state.sort(key=lambda p: -p[0])  # stable sort: equal sums keep index order
+        state = [(weights[i], i) for i in seed] + [(0, ())] * (k - len(seed))
+        state.sort(key=_SUM, reverse=True)  # stable sort: equal sums keep index order
         heapq.heappush(heap, (-(state[0][0] - state[-1][0]), tick, state))
     tick = len(seeds)
     while len(heap) > 1:
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
-        merged = [(a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]) for i in range(k)]
-        merged.sort(key=lambda p: -p[0])
+        merged = [(x[0] + y[0], (x[1], y[1])) for x, y in zip(a, reversed(b), strict=True)]
+        merged.sort(key=_SUM, reverse=True)
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tick, merged))
         tick += 1
     if not heap:
         return [[] for _ in range(k)]
-    return [sorted(items) for _, items in heap[0][2]]
+    return [sorted(_leaves(items)) for _, items in heap[0][2]]
+
+
+_SUM = operator.itemgetter(0)
+
+
+def _leaves(tree) -> list[int]:
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tuple):
+            stack.extend(node)
+        else:
+            out.append(node)
+    return out
 
 
 def lpt(weights: Sequence[float], k: int, equal_size: bool = True) -> list[list[int]]:
@@ -104,9 +123,9 @@ def partition_rows(
         raise DataError(f"groups must all have the same size to balance rows; got sizes {sizes}")
     if len(groups) % max(k, 1):
         raise DataError(f"cannot split {len(groups)} groups into {k} parts of equal size")
-    weights = [sum(token_counts[r] for r in g) for g in groups]
+    weights = [sum([token_counts[r] for r in g]) for g in groups]
     parts = _METHODS[method](weights, k, equal_size=True)
-    return [sorted(r for gi in part for r in groups[gi]) for part in parts]
+    return [sorted([r for gi in part for r in groups[gi]]) for part in parts]
 
 
 def _hungarian(cost: Sequence[Sequence[float]]) -> list[int]:
@@ -182,10 +201,10 @@ def plan_transfers(
         for row in rows:
             if len(row) != 3:
                 raise DataError(f"rank {s} row {row!r} is not (row_key, tokens, group_id)")
-            keys.append(row[0])
-            tokens.append(row[1])
-            groups.append(row[2])
-            src_of.append(s)
+        keys += [row[0] for row in rows]
+        tokens += [row[1] for row in rows]
+        groups += [row[2] for row in rows]
+        src_of += [s] * len(rows)
     if len(set(keys)) != len(keys):
         dups = sorted({repr(x) for x in keys if keys.count(x) > 1})[:5]
         raise DataError(f"row keys must be unique across ranks; repeated: {', '.join(dups)}")
@@ -211,10 +230,11 @@ def plan_transfers(
     sends: dict[tuple[int, int], list] = {}
     dst_rows: list[list] = [[] for _ in range(dst_size)]
     dst_tokens = [0] * dst_size
-    for i, key in enumerate(keys):  # keys are in (source rank, source position) order
-        sends.setdefault((src_of[i], dst_of[i]), []).append(key)
-        dst_rows[dst_of[i]].append(key)
-        dst_tokens[dst_of[i]] += tokens[i]
+    # keys are in (source rank, source position) order
+    for key, s, d, t in zip(keys, src_of, dst_of, tokens, strict=True):
+        sends.setdefault((s, d), []).append(key)
+        dst_rows[d].append(key)
+        dst_tokens[d] += t
     return {
         "assignment": dict(zip(keys, dst_of, strict=True)),
         "sends": sends,

@@ -3,24 +3,32 @@
 There is no central process holding data. ``redistribute`` is a collective over a
 process group:
 
-1. every rank all-gathers a small metadata record (its layouts, and on source ranks the
-   field schema, per-row token counts and group ids): metadata, never rows;
+1. every rank all-gathers a small metadata record (its layouts, its shared-memory file,
+   and on source ranks the field schema, per-row token counts and group ids): metadata,
+   never rows;
 2. every rank computes the same deterministic plan with ``balance.plan_transfers``:
    rows balanced by tokens into equal row counts per destination DP group, groups whole;
 3. each source sends each destination DP group exactly its rows, directly to every rank
-   of that group (TP/PP peers all read the same rows), point to point (``transport``);
-   rows that stay on the same physical rank are not sent.
+   of that group (TP/PP peers all read the same rows); rows that stay on the same
+   physical rank are not sent. A reader on the source's node copies them out of the
+   source's shared-memory staging file (``same_node``; only a 4-int note crosses the
+   transport); a reader on another node gets them point to point (``transport``).
+   ``shared_memory=False`` or ``SIIRL_DATABUFFER_SHM=0`` sends every pair the latter way.
 
 Validation problems found on one rank travel in the metadata, so every rank raises the
 same ``DataError`` instead of some ranks waiting forever on a send that never comes.
 Tensor fields must have the same dtype and trailing shape on every source: pad to a
 common width before redistributing (no implicit padding here). The result lives on the
 transport device (cpu for gloo, the current cuda device for nccl: call
-``torch.cuda.set_device`` first, as NCCL's object collectives need it).
+``torch.cuda.set_device`` first, as NCCL's object collectives need it); each row is copied
+once into it, large cpu fields on transparent huge pages where the kernel offers them
+(``huge_pages``). ``close()`` releases the shared-memory files before the buffer is
+collected.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,10 +37,12 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from tensordict.utils import is_non_tensor
 
+from siirl.data_coordinator import huge_pages
 from siirl.data_coordinator.balance import plan_transfers
 from siirl.data_coordinator.fields import ATTENTION_MASK, UID
 from siirl.data_coordinator.protocol import batch_num_tokens, get_non_tensor, set_non_tensor
-from siirl.data_coordinator.transport import Piece, Traffic, exchange, transport_device
+from siirl.data_coordinator.same_node import WRITTEN, SameNode, copy_rows, staged_groups
+from siirl.data_coordinator.transport import Piece, Traffic, exchange, signal, transport_device
 from siirl.errors import DataError
 
 __all__ = ["DataBuffer", "Layout", "plan", "source_labels"]
@@ -186,26 +196,46 @@ def _take(batch: TensorDict, rows: list[int], schema: list[tuple]) -> Piece:
     return piece
 
 
-def _assemble(pieces: list[Piece], schema: list[tuple], device: torch.device) -> TensorDict:
-    rows = sum(p.rows for p in pieces)
-    out = TensorDict({}, batch_size=[rows])
+def _assemble(parts: list, schema: list[tuple], device: torch.device) -> TensorDict:
+    """Join ``parts`` in order: Pieces, or ``(batch, rows)`` of this rank's own batch.
+    Each row is copied once, straight into the result; a lone part that is not a view
+    into a staging file is used as it is (a contiguous run of the own batch: a view)."""
+    if len(parts) == 1 and isinstance(parts[0], tuple):
+        parts = [_take(*parts[0], schema)]
+    counts = [len(p[1]) if isinstance(p, tuple) else p.rows for p in parts]
+    out = TensorDict({}, batch_size=[sum(counts)])
     for key, kind, dtype, trailing in schema:
-        if kind == "tensor":
-            parts = [p.tensors[key].to(device) for p in pieces]
-            if not parts:
-                out.set(key, torch.empty((0, *trailing), dtype=dtype, device=device))
-            else:
-                out.set(key, parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
+        if kind != "tensor":
+            set_non_tensor(out, key, [v for p in parts for v in _values(p, key)])
+        elif len(parts) == 1 and not parts[0].shared:
+            out.set(key, parts[0].tensors[key].to(device))
         else:
-            set_non_tensor(out, key, [v for p in pieces for v in p.values[key]])
+            joined = huge_pages.empty((sum(counts), *trailing), dtype, device)
+            at = 0
+            for part, rows in zip(parts, counts, strict=True):
+                if isinstance(part, tuple):
+                    copy_rows(joined.narrow(0, at, rows), part[0].get(key), part[1])
+                else:
+                    joined.narrow(0, at, rows).copy_(part.tensors[key])
+                at += rows
+            out.set(key, joined)
     return out
+
+
+def _values(part, key: str) -> list:
+    if isinstance(part, Piece):
+        return part.values[key]
+    values = get_non_tensor(part[0], key)
+    return [values[i] for i in part[1]]
 
 
 class DataBuffer:
     """Peer-to-peer redistribution of batches between stage layouts (see module doc)."""
 
     def __init__(self, group=None, *, method: str = "karmarkar_karp",
-                 timeout: timedelta | float | None = None):
+                 timeout: timedelta | float | None = None, shared_memory: bool | None = None):
+        """``shared_memory``: move rows between ranks of one node through shared memory
+        (None: on unless the environment sets ``SIIRL_DATABUFFER_SHM=0``)."""
         self.group = group
         self.method = method
         if isinstance(timeout, (int, float)):
@@ -213,6 +243,11 @@ class DataBuffer:
         self.timeout = timeout  # None: the group's own timeout
         self.traffic = Traffic()
         self.last_plan: dict | None = None
+        self._local = SameNode(shared_memory)
+
+    def close(self) -> None:
+        """Release the shared-memory files now rather than when the buffer is collected."""
+        self._local.close()
 
     @property
     def bytes_sent(self) -> int:
@@ -240,12 +275,14 @@ class DataBuffer:
         if outside:
             raise DataError(f"layout ranks {outside} are not in the DataBuffer's group")
         me = dist.get_rank()
-        meta: dict = {"layouts": (src, dst)}
+        device = transport_device(self.group)
+        meta: dict = {"layouts": (src, dst), **self._local.announce(device.type == "cpu")}
         if src.is_source(me):
             try:
                 meta.update(_source_meta(batch, token_key, group_key))
             except DataError as err:
                 meta["error"] = str(err)
+        self.traffic.meta_bytes += len(pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL))
         gathered: list = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(gathered, meta, group=self.group)
         by_rank = dict(zip(members, gathered, strict=True))
@@ -253,28 +290,63 @@ class DataBuffer:
         metas = [by_rank[src.source_rank(s)] for s in range(src.dp_size)]
         schema = _check_schemas(metas, src)
         self.last_plan = the_plan = plan(metas, src, dst, self.method)
+        routes = self._local.routes(by_rank, members, self.group)
 
         pairs: dict[tuple[int, int], list[int]] = {}  # (src dp, dst dp) -> row positions
         for d, keys in enumerate(the_plan["dst_rows"]):
             for s, i in sorted(keys):
                 pairs.setdefault((s, d), []).append(i)
-        sends: dict[int, Piece] = {}
+        readers = {d: dst.peers(d) for d in range(dst.dp_size)}
         my_src = src.dp_rank(me) if src.is_source(me) else None
-        for (s, d), rows in pairs.items():
-            if s == my_src:
-                piece = _take(batch, rows, schema)  # one selection shared by the TP peers
-                sends.update({p: piece for p in dst.peers(d) if p != me})
+        sends, notes = self._send(batch, pairs, readers, routes, schema, my_src)
         my_dst = dst.dp_rank(me)
         order = [s for s in range(src.dp_size) if (s, my_dst) in pairs]
-        recv_from = [src.source_rank(s) for s in order if src.source_rank(s) != me]
-        device = transport_device(self.group)
-        received = exchange(sends, recv_from, group=self.group, device=device,
-                            timeout=self.timeout, traffic=self.traffic)
+        senders = [src.source_rank(s) for s in order if src.source_rank(s) != me]
+        got = signal(notes, [r for r in senders if (r, me) in routes], width=4,
+                     group=self.group, timeout=self.timeout, traffic=self.traffic)
+        written = {r for r, note in got.items() if note[0] == WRITTEN}
+        received = exchange(sends, [r for r in senders if r not in written], group=self.group,
+                            device=device, timeout=self.timeout, traffic=self.traffic)
         if my_dst is None:
             return None
-        pieces = [received[src.source_rank(s)] if src.source_rank(s) != me
-                  else _take(batch, pairs[(s, my_dst)], schema) for s in order]
-        return _assemble(pieces, schema, device)
+        parts = []
+        for s in order:
+            rank = src.source_rank(s)
+            if rank == me:
+                parts.append((batch, pairs[(s, my_dst)]))
+            elif rank in written:
+                groups = [(d, len(rows)) for d, rows in
+                          staged_groups(s, pairs, readers, routes, rank)]
+                parts.append(self._local.read(rank, groups, my_dst, schema, got[rank]))
+            else:
+                parts.append(received[rank])
+        return _assemble(parts, schema, device)
+
+    def _send(self, batch, pairs: dict, readers: dict, routes: set, schema: list[tuple],
+              my_src: int | None) -> tuple[dict[int, Piece], dict[int, list[int]]]:
+        """Stage rows for same-node readers; the Pieces for the transport and the notes."""
+        sends: dict[int, Piece] = {}
+        notes: dict[int, list[int]] = {}
+        if my_src is None:
+            return sends, notes
+        me = dist.get_rank()
+        staged, nbytes = self._local.stage(
+            batch, staged_groups(my_src, pairs, readers, routes, me), schema)
+        self.traffic.shared_bytes += nbytes
+        for (s, d), rows in pairs.items():
+            if s != my_src:
+                continue
+            shm = [p for p in readers[d] if p != me and (me, p) in routes]
+            notes.update({p: staged[d] for p in shm})
+            if shm and staged[d][0] == WRITTEN:
+                self.traffic.rows_sent += len(rows) * len(shm)
+                self.traffic.shared_rows += len(rows) * len(shm)
+                shm = []  # no transport for them
+            wire = shm + [p for p in readers[d] if p != me and (me, p) not in routes]
+            if wire:
+                piece = _take(batch, rows, schema)  # one selection shared by the TP peers
+                sends.update({p: piece for p in wire})
+        return sends, notes
 
     @staticmethod
     def _check(by_rank: dict[int, dict], src: Layout, dst: Layout) -> None:

@@ -12,6 +12,8 @@ the receiver needs the length to size the header and the header to size the tens
 Batching is what keeps NCCL from deadlocking when two ranks send to each other (their
 sends and receives form one NCCL group); for gloo it is plain isend/irecv. Viewing every
 tensor as bytes makes any dtype (bool, bfloat16, ...) travel the same way on both.
+``signal`` is the one-round variant for a few integers per peer (the shared-memory
+route's notes).
 """
 
 from __future__ import annotations
@@ -25,26 +27,37 @@ import torch.distributed as dist
 
 from siirl.errors import DataError
 
-__all__ = ["Piece", "Traffic", "exchange", "transport_device"]
+__all__ = ["Piece", "Traffic", "exchange", "signal", "transport_device"]
 
 
 @dataclass
 class Piece:
-    """Rows of one message: tensor fields (first dim ``rows``) and per-row python values."""
+    """Rows of one message: tensor fields (first dim ``rows``) and per-row python values.
+    ``shared``: the tensors are views into a staging file that will be written again."""
 
     rows: int
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, list] = field(default_factory=dict)
+    shared: bool = False
 
 
 @dataclass
 class Traffic:
-    """Cumulative point-to-point counters (lengths and headers included, the metadata
-    all-gather not); ``rows_sent`` counts a row once per receiving rank."""
+    """Cumulative counters. ``bytes_*``: what crossed the transport (lengths, headers and
+    shared-memory notes included, the metadata all-gather not). ``rows_sent`` counts a
+    row once per receiving rank, whatever the route; ``shared_rows`` of them went through
+    shared memory, and ``shared_bytes`` were written to this rank's staging for that.
+    ``meta_bytes``: this rank's metadata records (pickled), what the all-gather carries."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
     rows_sent: int = 0
+    shared_rows: int = 0
+    shared_bytes: int = 0
+    meta_bytes: int = 0
+
+
+_SIGNAL_TAG = 1 << 20  # apart from exchange's tags (0, 1, ... per tensor)
 
 
 def transport_device(group=None) -> torch.device:
@@ -68,6 +81,28 @@ def _run(ops: list, timeout: timedelta | None) -> None:
             work.wait()
         else:
             work.wait(timeout)
+
+
+def signal(
+    sends: dict[int, list[int]],
+    recv_from: list[int],
+    *,
+    width: int,
+    group=None,
+    timeout: timedelta | None = None,
+    traffic: Traffic | None = None,
+) -> dict[int, list[int]]:
+    """Send ``width`` int64 to each peer of ``sends`` and receive as many from each of
+    ``recv_from``, in one round (cpu tensors: only for a gloo group)."""
+    out = {p: torch.tensor(v, dtype=torch.int64) for p, v in sends.items()}
+    got = {p: torch.empty(width, dtype=torch.int64) for p in recv_from}
+    ops = [dist.P2POp(dist.isend, t, p, group, _SIGNAL_TAG) for p, t in out.items()]
+    ops += [dist.P2POp(dist.irecv, t, p, group, _SIGNAL_TAG) for p, t in got.items()]
+    _run(ops, timeout)
+    if traffic is not None:
+        traffic.bytes_sent += 8 * width * len(out)
+        traffic.bytes_received += 8 * width * len(got)
+    return {p: t.tolist() for p, t in got.items()}
 
 
 def exchange(
