@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from siirl.dag_worker import core_algos
 from siirl.dag_worker.dag_utils import call_with_available
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import (
@@ -51,6 +50,8 @@ class GlobalKLController:
 def check_algorithm_names(config: Any) -> None:
     """Unknown estimator or loss names fail here, at start-up, listing the registered ones
     (not at the first step, after models were loaded)."""
+    from siirl.dag_worker import core_algos  # torch: not for a driver that only plans
+
     core_algos.get_adv_estimator_fn(select(config, "algorithm.adv_estimator", "grpo"))
     core_algos.get_policy_loss_fn(
         select(config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
@@ -59,6 +60,8 @@ def check_algorithm_names(config: Any) -> None:
 def setup_algorithm_objects(worker: Any, config: Any) -> None:
     """Objects whose state must survive a resume; created before the resume loads it."""
     if select(config, "algorithm.use_kl_in_reward", False):
+        from siirl.dag_worker import core_algos
+
         worker.algorithm_objects[KL_CTRL] = core_algos.get_kl_controller(
             select(config, "algorithm.kl_ctrl"))
 
@@ -75,6 +78,8 @@ def _with_log_probs(worker: Any, batch: Any, metrics: Dict[str, Any]) -> Any:
 
 def compute_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput:
     """Advantages and returns by ``algorithm.adv_estimator`` (see core_algos)."""
+    from siirl.dag_worker import core_algos
+
     metrics: Dict[str, Any] = {}
     if select(config, "algorithm.use_kl_in_reward", False):
         batch = _with_log_probs(worker, batch, metrics)

@@ -9,6 +9,10 @@ checkpoint (``trainer.resume_mode=auto``) or ``trainer.resume_from_path``. With
 Every worker of a multi-worker job runs this same loop in step with the others: step
 metrics are combined over workers (``worker.comm``) and logged once by rank 0, which also
 shows progress, picks the checkpoint to resume from and commits checkpoints.
+
+The first step a process runs also records its start-up: ``timing_s/setup`` (engines,
+data, resume) and ``timing_s/to_first_step`` (from the job's start to the end of that
+step; ``tools/bench/startup.py`` reads them).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from siirl.dag_worker import startup
 from siirl.dag_worker.checkpoint_manager import (
     STATEFUL_ROLES,
     CheckpointManager,
@@ -75,9 +80,12 @@ def _throughput(batch: Any, seconds: float) -> Dict[str, float]:
 
 
 class Trainer:
-    def __init__(self, worker: Any):
+    def __init__(self, worker: Any, started_at: Optional[float] = None):
+        """``started_at``: when the job started (``time.time()``; default: when this
+        process did), for ``timing_s/to_first_step``."""
         self.worker = worker
         self.config = worker.config
+        self.started_at = startup.process_started() if started_at is None else started_at
         root = str(select(self.config, "trainer.default_local_dir", "."))
         self.checkpoints = CheckpointManager(root, select(self.config,
                                                           "trainer.max_actor_ckpt_to_keep"))
@@ -153,11 +161,14 @@ class Trainer:
                     quiet.announce()
 
     def _fit(self, quiet: QuietLibraries) -> list:
+        set_up = time.perf_counter()
         self.worker.setup()
         loader = self.worker.train_loader
         steps = total_steps(self.config, len(loader) if loader is not None else None)
         self.worker.set_total_training_steps(steps)
         resumed = self._maybe_resume()
+        startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
+        startup.settle()  # everything loaded: later collections skip it
         comm = self.worker.comm
         tracking = build_tracking(self.config) if comm.is_chief else Tracking([])
         history = []
@@ -183,6 +194,10 @@ class Trainer:
                 last_batch = next(iter(result.outputs.values())).batch if result.outputs \
                     else None
                 metrics.update(_throughput(last_batch, time.perf_counter() - start))
+                if startup_metrics:  # this process's first step
+                    startup_metrics["timing_s/to_first_step"] = time.time() - self.started_at
+                    metrics.update(startup_metrics)
+                    startup_metrics = {}
                 metrics = comm.reduce_metrics(metrics)
                 last = step == steps
                 val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import List, Optional
 
+from siirl.dag_worker import startup
 from siirl.errors import ConfigError, SiirlError
 from siirl.launch.config import format_config, load_config
 from siirl.launch.job import run
@@ -103,6 +104,8 @@ def parse_argv(argv: List[str]) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    if argv is None:  # this process is the command (not a caller's): tune its start-up
+        startup.relax()
     argv = sys.argv[1:] if argv is None else argv
     show_traceback = os.environ.get("SIIRL_TRACEBACK", "") not in ("", "0") or \
         "--traceback" in argv

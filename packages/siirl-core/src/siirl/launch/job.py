@@ -31,12 +31,12 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
 
 
 def start_workers(config: Any, plan: List[WorkerAssignment]) -> list:
-    from siirl.dag_worker.dagworker import DAGWorker
-    from siirl.dag_worker.trainer_loop import Trainer
-
-    if len(plan) > 1:
+    if len(plan) > 1:  # the driver of Ray workers never imports torch (seconds)
         from siirl.launch.ray_launcher import launch_ray
 
         return launch_ray(config, plan)
+    from siirl.dag_worker.dagworker import DAGWorker
+    from siirl.dag_worker.trainer_loop import Trainer
+
     worker = DAGWorker(plan[0].graph, config, rank=0, world_size=1)
     return Trainer(worker).fit()  # setup() resolves every plugin before any step

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
+from siirl.dag_worker import startup
 from siirl.errors import ConfigError, SiirlError, WorkerFailedError
 from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
@@ -117,6 +118,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     from siirl.execution.device import device_kind
     from siirl.launch.worker_process import WorkerProcess
 
+    started_at = startup.process_started()
     num_workers = len(plan)
     device = str(select(config, "trainer.device", "auto") or "auto").lower()
     if device not in ("auto", "cpu"):
@@ -139,15 +141,15 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
             actors.append(remote.options(
                 num_cpus=1, num_gpus=1 if on_gpu else 0, max_restarts=0,
                 scheduling_strategy=strategy,
-                runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
             ).remote(rank, num_workers, config))
         infos = ray.get([actor.address.remote() for actor in actors])
         _record_workers(config, infos)
         group_ranks = [list(a.group_ranks) or list(range(num_workers)) for a in plan]
         master = infos[0]
         pending = {actor.run.remote(master["node_ip"], master["port"], plan[rank].graph,
-                                    group_ranks): rank
+                                    group_ranks, started_at): rank
                    for rank, actor in enumerate(actors)}
+        startup.settle()  # this process only waits from here on
         history = None
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

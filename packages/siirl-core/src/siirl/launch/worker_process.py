@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Sequence
 
+from siirl.dag_worker import startup
 from siirl.execution.config_select import select
 
 
@@ -17,6 +18,10 @@ class WorkerProcess:
     """One DAGWorker process; ``rank`` is its global rank in the job."""
 
     def __init__(self, rank: int, world_size: int, config: Any):
+        startup.relax()  # this process is ours: its imports come next (see startup)
+        # set here, not as a Ray runtime_env: an actor with its own runtime_env cannot
+        # take one of the worker processes Ray has already started, and waits for a new one
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.rank, self.world_size, self.config = rank, world_size, config
 
     def address(self) -> dict:
@@ -27,8 +32,10 @@ class WorkerProcess:
                 "port": free_port()}
 
     def run(self, master_addr: str, master_port: int, graph: Any,
-            group_ranks: Sequence[Sequence[int]]) -> Optional[List[dict]]:
-        """Train to the end; rank 0 returns the metric history (small dicts only)."""
+            group_ranks: Sequence[Sequence[int]],
+            started_at: Optional[float] = None) -> Optional[List[dict]]:
+        """Train to the end; rank 0 returns the metric history (small dicts only).
+        ``started_at``: when the job started (the driver's start, ``time.time()``)."""
         from siirl.dag_worker.collective import WorkerComm
         from siirl.dag_worker.dagworker import DAGWorker
         from siirl.dag_worker.engines import roles_needed
@@ -55,6 +62,6 @@ class WorkerProcess:
         comm = WorkerComm(self.rank, self.world_size, groups.world_control)
         worker = DAGWorker(graph, self.config, rank=groups.group_rank,
                            world_size=groups.group_size, comm=comm, process_groups=groups)
-        history = Trainer(worker).fit()
+        history = Trainer(worker, started_at=started_at).fit()
         shutdown_distributed()  # only after success: a failed peer would never answer
         return history if self.rank == 0 else None

@@ -87,8 +87,9 @@ def read_rows(path: str) -> list[Any]:
     if lower.endswith(_PARQUET_EXT):
         import pyarrow.parquet as pq
 
-        try:
-            return pq.read_table(path).to_pylist()
+        try:  # one file: ParquetFile, as read_table would also load pyarrow.dataset (~0.2 s)
+            with pq.ParquetFile(path) as parquet:
+                return parquet.read().to_pylist()
         except Exception as exc:  # pyarrow raises several types for a bad file
             raise DataError(f"{path}: cannot read parquet: {exc}") from None
     if lower.endswith(_JSON_EXT):

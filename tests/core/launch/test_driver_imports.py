@@ -1,0 +1,29 @@
+"""The driver of a multi-worker job plans and starts Ray workers without importing torch:
+those imports (seconds) belong to the workers, which do them in parallel."""
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "tensordict", "transformers", "pyarrow", "siirl.engine")
+
+
+def test_planning_a_two_worker_job_imports_no_heavy_library():
+    code = f"""
+import json, pickle, sys
+from siirl.launch.config import load_config
+from siirl.launch.job import run
+import siirl.launch.ray_launcher as launcher
+import siirl.launch.worker_process  # what launch_ray imports
+config = load_config(["trainer.device=cpu", "trainer.n_gpus_per_node=2"])
+plans = []
+launcher.launch_ray = lambda config, plan: plans.append(plan)  # stop before Ray starts
+run(config)
+pickle.dumps(plans[0])  # what the workers are sent
+print(json.dumps([len(plans[0]), [m for m in {HEAVY!r} if m in sys.modules]]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    workers, heavy = json.loads(proc.stdout.splitlines()[-1])
+    assert workers == 2 and heavy == []
