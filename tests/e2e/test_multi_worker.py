@@ -121,6 +121,8 @@ def test_tensor_parallel_rollout_feeds_data_parallel_training(runs, tmp_path):
           "trainer.test_freq=-1", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     got, want = steps(tmp_path)[("train", 1)], steps(one)[("train", 1)]
     assert_close(want, got, ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+    # both workers share a node: the rows go through shared memory, a note over gloo
+    assert got["databuffer/actor_old_log_prob/shared_bytes"] > 0
     assert got["databuffer/actor_old_log_prob/bytes_sent"] > 0
 
 

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+
 METHODS = ("generate", "reference", "sampler", "rollout node")
 
 
@@ -174,6 +176,7 @@ def main(argv=None) -> int:
     if args.model:
         overrides = [f"actor_rollout_ref.model.path={args.model}", *overrides]
     result = run(args, overrides)
+    result["run"] = run_facts(argv)
     report(result)
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=2)

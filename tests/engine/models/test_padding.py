@@ -1,12 +1,11 @@
 """on_used_columns: a forward on the columns some row uses equals the full-width one."""
 
 import torch
+from test_response_logprobs import padded_batch, tiny_llama
 
-from siirl.engine.critic.value_model import value_model_from_lm, response_values
+from siirl.engine.critic.value_model import response_values, value_model_from_lm
 from siirl.engine.models.logprob import response_logprobs
 from siirl.engine.models.padding import on_used_columns, used_columns
-
-from test_response_logprobs import padded_batch, tiny_llama
 
 
 def widen(ids, mask, pos, left, right):

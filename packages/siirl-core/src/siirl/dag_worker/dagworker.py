@@ -201,10 +201,14 @@ class DAGWorker:
 
             group = self.process_groups.control_group if self.process_groups else None
             self._buffer = DataBuffer(group)
-        sent, start = self._buffer.bytes_sent, time.perf_counter()
+        traffic = self._buffer.traffic
+        sent, shared = traffic.bytes_sent, traffic.shared_bytes
+        start = time.perf_counter()
         batch = self._common_prompt_width(batch, src)
         moved = self._buffer.redistribute(batch, src, dst, group_key=UID)
-        self.metrics.add(f"databuffer/{child}/bytes_sent", self._buffer.bytes_sent - sent)
+        # bytes over the network transport, and bytes staged in same-node shared memory
+        self.metrics.add(f"databuffer/{child}/bytes_sent", traffic.bytes_sent - sent)
+        self.metrics.add(f"databuffer/{child}/shared_bytes", traffic.shared_bytes - shared)
         self.metrics.add(f"timing_s/databuffer/{child}", time.perf_counter() - start)
         return moved
 

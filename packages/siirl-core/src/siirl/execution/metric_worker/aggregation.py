@@ -31,6 +31,7 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("perf/throughput", SUM),
     ("*tokens_per_s", SUM),
     ("databuffer/*/bytes_sent", SUM),
+    ("databuffer/*/shared_bytes", SUM),
 )
 DEFAULT_REDUCER = MEAN
 

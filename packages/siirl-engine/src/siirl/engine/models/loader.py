@@ -48,8 +48,9 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
              >= (4, 56) else "torch_dtype")
 
-__all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer", "load_tokenizer", "resolve_model_path",
-           "tiny_arith_dir", "smollm2_gguf_path", "to_dtype"]
+__all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer",
+           "load_tokenizer", "resolve_model_path", "tiny_arith_dir", "smollm2_gguf_path",
+           "to_dtype"]
 
 
 def tiny_arith_dir() -> Path:
