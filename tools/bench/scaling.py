@@ -34,6 +34,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+
 WARMUP_STEPS = 2
 PROBE = """
 import sys, time, torch
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
     print(f"DataBuffer bytes per step:       {summary['databuffer_bytes_per_step']:.0f}")
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "overrides": overrides, "summary": summary,
-                   "rounds": rounds}, f, indent=2)
+                   "rounds": rounds, "run": run_facts(argv)}, f, indent=2)
     print(f"\nwrote {args.out}")
     return 0
 

@@ -1,0 +1,185 @@
+"""The README's speed section, rendered from the benchmarks' JSON results in docs/bench/.
+
+    .venv/bin/python tools/bench/speed_report.py            # print the section
+    .venv/bin/python tools/bench/speed_report.py --write    # replace it in README.md
+    .venv/bin/python tools/bench/speed_report.py --check    # exit 1 if README.md differs
+
+Each JSON file is what a benchmark wrote with ``--out docs/bench/<name>.json``; each
+records its date, machine and command line, which the section quotes. The section lives
+between the two ``speed-report`` comment lines in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "bench"
+README = ROOT / "README.md"
+BEGIN = "<!-- speed-report: begin (tools/bench/speed_report.py --write) -->"
+END = "<!-- speed-report: end -->"
+
+
+def _load(name: str) -> Optional[dict]:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _source(result: dict) -> str:
+    run = result.get("run", {})
+    return (f"Measured {run.get('date', '?')} on {run.get('machine', '?')}: "
+            f"`{run.get('command', '?')}`.")
+
+
+def _step_row(label: str, result: dict) -> str:
+    nodes = result["nodes"]
+    step = result["siirl_step_s"]
+    reward = sum(v["seconds"] for k, v in nodes.items() if "reward" in k)
+    old = nodes.get("actor_old_log_prob", {}).get("seconds", 0.0)
+    return (f"| {label} | {step:.3f} s | {result['floor_step_s']:.3f} s | "
+            f"**{result['ratio_median']:.2f}x** | {reward / step:.1%} | {old:.4f} s |")
+
+
+def step_section() -> list:
+    rows = [(label, result) for label, result in (
+        ("main job (built-in tiny model, 32 prompts x 8, 8 new tokens)", _load("step_floor")),
+        ("SmolLM2-135M-Instruct (8 prompts x 4, 32 new tokens)",
+         _load("step_floor_smollm2"))) if result]
+    if not rows:
+        return []
+    lines = ["**One GRPO step against its floor** (`tools/bench/step_floor.py`: the floor is "
+             "one plain transformers `generate` of the same batch plus one eager "
+             "forward/backward without activation checkpointing and one fused AdamW step; "
+             "rounds alternate in one process, medians):", "",
+             "| setting | siiRL step | floor step | siiRL / floor | reward share "
+             "| old-log-prob node |", "|---|---|---|---|---|---|"]
+    lines += [_step_row(label, result) for label, result in rows]
+    lines.append("")
+    for label, result in rows:
+        s = result["startup_s"]
+        lines.append(f"- {label.split(' (')[0]}: {_source(result)} Start-up in the same "
+                     f"process: imports {s['imports']:.1f} s, set-up {s['setup']:.1f} s, "
+                     f"first step {s['first_step']:.1f} s; peak RSS "
+                     f"{result['peak_rss_mb']:.0f} MB (siiRL and floor together).")
+    return lines + [""]
+
+
+def sampler_section() -> list:
+    rows = [(label, result) for label, result in (
+        ("main job", _load("sampler")), ("SmolLM2-135M", _load("sampler_smollm2"))) if result]
+    if not rows:
+        return []
+    lines = ["**The rollout's sampler** (`tools/bench/sampler.py`: the same prompts through "
+             "plain `generate`, the plain KV-cached loop and the sampler the `hf` rollout "
+             "uses, alternating in one process; medians; the sampler's tokens equal the "
+             "plain loop's in every round):", "",
+             "| setting | generate | sampler | sampler / generate | CPU time ratio |"
+             " same tokens |", "|---|---|---|---|---|---|"]
+    for label, result in rows:
+        gen, new = result["methods"]["generate"], result["methods"]["sampler"]
+        same = result["sampler_equals_reference"]
+        lines.append(f"| {label}: {result['rows']} rows, {result['new_tokens']} new tokens "
+                     f"| {gen['median_s']:.4f} s | {new['median_s']:.4f} s | "
+                     f"**{new['ratio_to_generate']:.2f}x** | {new['cpu_ratio_to_generate']:.2f}x"
+                     f" | {same['identical']}/{same['rounds']} rounds |")
+    lines.append("")
+    lines += [f"- {label}: {_source(result)}" for label, result in rows]
+    return lines + [""]
+
+
+def startup_section() -> list:
+    result = _load("startup")
+    if not result:
+        return []
+    lines = ["**Start-up** (`tools/bench/startup.py`: the real `siirl-train` command for one "
+             "step in a fresh process, medians; \"start\" is interpreter, imports, "
+             "configuration and, with 2 workers, Ray and the worker processes):", "",
+             "| workers | start | set-up | validation | first step | to first step "
+             "| whole command |", "|---|---|---|---|---|---|---|"]
+    for workers, entry in sorted(result["workers"].items()):
+        m = entry["median"]
+        lines.append(f"| {workers} | {m['start']:.1f} s | {m['setup']:.1f} s | "
+                     f"{m['validation']:.1f} s | {m['first_step']:.2f} s | "
+                     f"**{m['to_first_step']:.1f} s** | {m['command']:.1f} s |")
+    return lines + ["", f"- {_source(result)}", ""]
+
+
+def databuffer_section() -> list:
+    result = _load("databuffer")
+    if not result:
+        return []
+    lines = ["**DataBuffer redistribution** (`tools/bench/databuffer.py`: "
+             f"{result['rows']} rows x {result['width']} tokens, "
+             f"{result['batch_bytes'] / 1e6:.0f} MB, between worker processes on one node; "
+             "bandwidth relative to one process copying the whole batch, medians):", "",
+             "| layout change | DataBuffer / memcpy | DataBuffer over gloo / memcpy "
+             "| DataBuffer / centralized driver | bytes through a driver |",
+             "|---|---|---|---|---|"]
+    for workers, res in sorted(result["workers"].items(), key=lambda kv: int(kv[0])):
+        n = int(workers)
+        lines.append(f"| DP{n} -> DP{n // 2} ({n} processes) | **{res['ratio_to_memcpy']:.2f}**"
+                     f" | {res['gloo_ratio_to_memcpy']:.2f} | {res['ratio_to_centralized']:.2f}x"
+                     f" | {int(res['databuffer']['driver_bytes'])} |")
+    return lines + ["", f"- {_source(result)}", ""]
+
+
+def scaling_section() -> list:
+    result = _load("scaling")
+    if not result:
+        return []
+    s = result["summary"]
+    cpu = f", CPU-time efficiency {s['cpu_efficiency']:.2f}" if s.get("cpu_efficiency") else ""
+    return ["**Scaling** (`tools/bench/scaling.py`: the main job at 16 prompts per worker, "
+            f"1 -> 2 CPU workers): efficiency **{s['efficiency']:.2f}** (step time 1 worker / "
+            f"2 workers; the machine itself gave two processes {s['probe_efficiency']:.2f}"
+            f"{cpu}); 2-worker start-up to the first step "
+            f"{s['two_worker_to_first_step_s']:.1f} s. {_source(result)}", ""]
+
+
+SECTIONS: list = [step_section, sampler_section, startup_section, databuffer_section,
+                  scaling_section]
+
+
+def render(sections: list = SECTIONS) -> str:
+    lines: list = []
+    for section in sections:
+        lines += section()
+    body = "\n".join(lines).rstrip("\n")
+    return f"{BEGIN}\n{body}\n{END}"
+
+
+def replace_in(text: str, block: str) -> str:
+    start, stop = text.find(BEGIN), text.find(END)
+    if start < 0 or stop < start:
+        raise SystemExit(f"{README}: the speed-report markers are missing")
+    return text[:start] + block + text[stop + len(END):]
+
+
+def main(argv=None, render_fn: Callable[[], str] = render) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    block = render_fn()
+    if not (args.write or args.check):
+        print(block)
+        return 0
+    text = README.read_text()
+    updated = replace_in(text, block)
+    if args.check:
+        if updated != text:
+            print("README.md's speed section is stale: run tools/bench/speed_report.py "
+                  "--write", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
