@@ -34,7 +34,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path
+from bench_info import run_facts  # noqa: E402
 
 WARMUP_STEPS = 2
 PROBE = """
