@@ -4,6 +4,7 @@ section: every number there names its machine, date and command)."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -24,3 +25,11 @@ def run_facts(argv: list | None = None) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+def write_result(result: dict, out: str, argv: list | None = None) -> None:
+    """Add this run's facts to ``result``, write it to ``out`` as JSON and say so."""
+    result["run"] = run_facts(argv)
+    with open(out, "w") as handle:
+        json.dump(result, handle, indent=2)
+    print(f"\nwrote {out}")

@@ -40,7 +40,7 @@ import time
 from datetime import timedelta
 
 import torch
-from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+from bench_info import write_result  # tools/bench is on sys.path when run as a script
 
 FIELDS = {"input_ids": torch.int64, "attention_mask": torch.int64, "old_log_probs": torch.float32}
 GROUP = 4  # rows per uid, as with GRPO's n samples per prompt
@@ -252,10 +252,7 @@ def main(argv=None) -> int:
             print(f"  scaling run failed: {scaling['error']}")
         else:
             print(f"  scaling efficiency (2 vs 1): {scaling['efficiency']:.2f}")
-    result["run"] = run_facts(argv)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out, argv)
     return 0
 
 

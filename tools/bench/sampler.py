@@ -21,13 +21,12 @@ tokens every round; writes JSON (with every round's figures).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 
-from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+from bench_info import write_result  # tools/bench is on sys.path when run as a script
 
 METHODS = ("generate", "reference", "sampler", "rollout node")
 
@@ -176,11 +175,8 @@ def main(argv=None) -> int:
     if args.model:
         overrides = [f"actor_rollout_ref.model.path={args.model}", *overrides]
     result = run(args, overrides)
-    result["run"] = run_facts(argv)
     report(result)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out, argv)
     same = result["sampler_equals_reference"]
     return 0 if same["identical"] == same["rounds"] else 1
 

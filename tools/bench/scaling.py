@@ -35,7 +35,7 @@ import time
 from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path
-from bench_info import run_facts  # noqa: E402
+from bench_info import write_result  # noqa: E402
 
 WARMUP_STEPS = 2
 PROBE = """
@@ -230,10 +230,8 @@ def main(argv=None) -> int:
         print(f"CPU efficiency (CPU per step):   {summary['cpu_efficiency']:.2f}")
     print(f"2-worker start-up to step 1:     {summary['two_worker_to_first_step_s']:.1f} s")
     print(f"DataBuffer bytes per step:       {summary['databuffer_bytes_per_step']:.0f}")
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "overrides": overrides, "summary": summary,
-                   "rounds": rounds, "run": run_facts(argv)}, f, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result({"args": vars(args), "overrides": overrides, "summary": summary,
+                  "rounds": rounds}, args.out, argv)
     return 0
 
 

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from bench_info import run_facts  # tools/bench is on sys.path when run as a script
+from bench_info import write_result  # tools/bench is on sys.path when run as a script
 
 COLUMNS = ("start", "setup", "validation", "first_step", "to_first_step", "command")
 
@@ -123,10 +123,7 @@ def main(argv=None) -> int:
               f"{s['first_step']:>8.2f}{s['to_first_step']:>11.2f}"
               f"{f'{low:.1f}-{high:.1f}':>14}{s['command']:>9.2f}{cpu}"
               f"{s['load_1min']:>6.1f}")
-    result["run"] = run_facts(argv)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out, argv)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import resource
 import statistics
 import sys
@@ -27,7 +26,7 @@ import time
 
 STARTED = time.perf_counter()
 
-from bench_info import run_facts  # noqa: E402  (after the clock starts; tools/bench on path)
+from bench_info import write_result  # noqa: E402  (after the clock starts; tools/bench on path)
 
 
 def build_worker(run_dir: str, rounds: int, overrides: list):
@@ -173,11 +172,8 @@ def main(argv=None) -> int:
     if args.model:
         overrides = [f"actor_rollout_ref.model.path={args.model}", *overrides]
     result = run(max(2, args.rounds), overrides)
-    result["run"] = run_facts(argv)
     report(result)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out, argv)
     return 0
 
 

@@ -11,11 +11,12 @@ each figure over the remaining steps.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
+
+from bench_info import write_result  # tools/bench is on sys.path when run as a script
 
 
 def run(steps: int, overrides: list) -> list:
@@ -68,9 +69,7 @@ def main(argv=None) -> int:
     print(f"\n{'node':<28}{'seconds':>10}{'share':>8}")
     for node, split in result["time_split"].items():
         print(f"{node:<28}{split['seconds']:>10.3f}{split['share']:>8.1%}")
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out, argv)
     return 0
 
 
