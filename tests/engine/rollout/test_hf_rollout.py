@@ -31,15 +31,20 @@ def config(n=1, resp=6, **rollout):
     return {"data": {"max_response_length": resp}, "actor_rollout_ref": {"rollout": roll}}
 
 
-def prompt_batch(prompts):
-    """Left-pad token lists into the dataloader's fields, plus non-tensor fields."""
+def left_padded(prompts):
+    """(input_ids, attention_mask, position_ids) of left-padded token lists."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    return ids, mask, (mask.cumsum(1) - 1).clamp(min=0)
+
+
+def prompt_batch(prompts):
+    """Left-pad token lists into the dataloader's fields, plus non-tensor fields."""
+    ids, mask, pos = left_padded(prompts)
     return make_batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
                       {"ground_truth": [str(i) for i in range(len(prompts))],
                        "extra_info": [{"i": i} for i in range(len(prompts))]})

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_hf_rollout import EOS, PAD  # one padding convention for the rollout tests
+from test_hf_rollout import left_padded as padded_prompts
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import Cache
 
@@ -17,7 +19,6 @@ from siirl.engine.rollout.reference import reference_decode
 from siirl.engine.rollout.sampler import distinct_rows
 from siirl.engine.rollout.sampling import sample_next_token
 
-PAD, EOS = 0, 2
 SAMPLED = [dict(temperature=1.0), dict(temperature=0.7, top_k=5), dict(top_p=0.8),
            dict(temperature=1.3, top_k=8, top_p=0.9)]
 
@@ -41,14 +42,7 @@ def tiny_llama(seed=1, eos_boost=2.0):
 
 def left_padded(prompts, n=1):
     """(input_ids, attention_mask, position_ids), each prompt repeated n times in a row."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
-    return tuple(t.repeat_interleave(n, dim=0) for t in (ids, mask, pos))
+    return tuple(t.repeat_interleave(n, dim=0) for t in padded_prompts(prompts))
 
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20, 21], [3], [22, 23, 24, 25, 26]]
