@@ -35,6 +35,13 @@ def _source(result: dict) -> str:
             f"`{run.get('command', '?')}`.")
 
 
+def _table(intro: str, columns: list, rows: list, notes: list) -> list:
+    """A section: its intro, a markdown table (one "| ... |" line per row) and the notes
+    (a bullet each) naming where the numbers come from."""
+    return [intro, "", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns), *rows, "",
+            *[f"- {note}" for note in notes], ""]
+
+
 def _step_row(label: str, result: dict) -> str:
     nodes = result["nodes"]
     step = result["siirl_step_s"]
@@ -44,6 +51,14 @@ def _step_row(label: str, result: dict) -> str:
             f"**{result['ratio_median']:.2f}x** | {reward / step:.1%} | {old:.4f} s |")
 
 
+def _step_note(label: str, result: dict) -> str:
+    s = result["startup_s"]
+    return (f"{label.split(' (')[0]}: {_source(result)} Start-up in the same process: "
+            f"imports {s['imports']:.1f} s, set-up {s['setup']:.1f} s, first step "
+            f"{s['first_step']:.1f} s; peak RSS {result['peak_rss_mb']:.0f} MB (siiRL and "
+            "floor together).")
+
+
 def step_section() -> list:
     rows = [(label, result) for label, result in (
         ("main job (built-in tiny model, 32 prompts x 8, 8 new tokens)", _load("step_floor")),
@@ -51,21 +66,14 @@ def step_section() -> list:
          _load("step_floor_smollm2"))) if result]
     if not rows:
         return []
-    lines = ["**One GRPO step against its floor** (`tools/bench/step_floor.py`: the floor is "
-             "one plain transformers `generate` of the same batch plus one eager "
-             "forward/backward without activation checkpointing and one fused AdamW step; "
-             "rounds alternate in one process, medians):", "",
-             "| setting | siiRL step | floor step | siiRL / floor | reward share "
-             "| old-log-prob node |", "|---|---|---|---|---|---|"]
-    lines += [_step_row(label, result) for label, result in rows]
-    lines.append("")
-    for label, result in rows:
-        s = result["startup_s"]
-        lines.append(f"- {label.split(' (')[0]}: {_source(result)} Start-up in the same "
-                     f"process: imports {s['imports']:.1f} s, set-up {s['setup']:.1f} s, "
-                     f"first step {s['first_step']:.1f} s; peak RSS "
-                     f"{result['peak_rss_mb']:.0f} MB (siiRL and floor together).")
-    return lines + [""]
+    return _table("**One GRPO step against its floor** (`tools/bench/step_floor.py`: the "
+                  "floor is one plain transformers `generate` of the same batch plus one eager "
+                  "forward/backward without activation checkpointing and one fused AdamW "
+                  "step; rounds alternate in one process, medians):",
+                  ["setting", "siiRL step", "floor step", "siiRL / floor", "reward share",
+                   "old-log-prob node"],
+                  [_step_row(label, result) for label, result in rows],
+                  [_step_note(label, result) for label, result in rows])
 
 
 def sampler_section() -> list:
@@ -73,12 +81,7 @@ def sampler_section() -> list:
         ("main job", _load("sampler")), ("SmolLM2-135M", _load("sampler_smollm2"))) if result]
     if not rows:
         return []
-    lines = ["**The rollout's sampler** (`tools/bench/sampler.py`: the same prompts through "
-             "plain `generate`, the plain KV-cached loop and the sampler the `hf` rollout "
-             "uses, alternating in one process; medians; the sampler's tokens equal the "
-             "plain loop's in every round):", "",
-             "| setting | generate | sampler | sampler / generate | CPU time ratio |"
-             " same tokens |", "|---|---|---|---|---|---|"]
+    lines = []
     for label, result in rows:
         gen, new = result["methods"]["generate"], result["methods"]["sampler"]
         same = result["sampler_equals_reference"]
@@ -86,45 +89,49 @@ def sampler_section() -> list:
                      f"| {gen['median_s']:.4f} s | {new['median_s']:.4f} s | "
                      f"**{new['ratio_to_generate']:.2f}x** | {new['cpu_ratio_to_generate']:.2f}x"
                      f" | {same['identical']}/{same['rounds']} rounds |")
-    lines.append("")
-    lines += [f"- {label}: {_source(result)}" for label, result in rows]
-    return lines + [""]
+    return _table("**The rollout's sampler** (`tools/bench/sampler.py`: the same prompts "
+                  "through plain `generate`, the plain KV-cached loop and the sampler the `hf` "
+                  "rollout uses, alternating in one process; medians; the sampler's tokens "
+                  "equal the plain loop's in every round):",
+                  ["setting", "generate", "sampler", "sampler / generate", "CPU time ratio",
+                   "same tokens"], lines,
+                  [f"{label}: {_source(result)}" for label, result in rows])
 
 
 def startup_section() -> list:
     result = _load("startup")
     if not result:
         return []
-    lines = ["**Start-up** (`tools/bench/startup.py`: the real `siirl-train` command for one "
-             "step in a fresh process, medians; \"start\" is interpreter, imports, "
-             "configuration and, with 2 workers, Ray and the worker processes):", "",
-             "| workers | start | set-up | validation | first step | to first step "
-             "| whole command |", "|---|---|---|---|---|---|---|"]
+    lines = []
     for workers, entry in sorted(result["workers"].items()):
         m = entry["median"]
         lines.append(f"| {workers} | {m['start']:.1f} s | {m['setup']:.1f} s | "
                      f"{m['validation']:.1f} s | {m['first_step']:.2f} s | "
                      f"**{m['to_first_step']:.1f} s** | {m['command']:.1f} s |")
-    return lines + ["", f"- {_source(result)}", ""]
+    return _table("**Start-up** (`tools/bench/startup.py`: the real `siirl-train` command for "
+                  "one step in a fresh process, medians; \"start\" is interpreter, imports, "
+                  "configuration and, with 2 workers, Ray and the worker processes):",
+                  ["workers", "start", "set-up", "validation", "first step", "to first step",
+                   "whole command"], lines, [_source(result)])
 
 
 def databuffer_section() -> list:
     result = _load("databuffer")
     if not result:
         return []
-    lines = ["**DataBuffer redistribution** (`tools/bench/databuffer.py`: "
-             f"{result['rows']} rows x {result['width']} tokens, "
-             f"{result['batch_bytes'] / 1e6:.0f} MB, between worker processes on one node; "
-             "bandwidth relative to one process copying the whole batch, medians):", "",
-             "| layout change | DataBuffer / memcpy | DataBuffer over gloo / memcpy "
-             "| DataBuffer / centralized driver | bytes through a driver |",
-             "|---|---|---|---|---|"]
+    lines = []
     for workers, res in sorted(result["workers"].items(), key=lambda kv: int(kv[0])):
         n = int(workers)
         lines.append(f"| DP{n} -> DP{n // 2} ({n} processes) | **{res['ratio_to_memcpy']:.2f}**"
                      f" | {res['gloo_ratio_to_memcpy']:.2f} | {res['ratio_to_centralized']:.2f}x"
                      f" | {int(res['databuffer']['driver_bytes'])} |")
-    return lines + ["", f"- {_source(result)}", ""]
+    return _table("**DataBuffer redistribution** (`tools/bench/databuffer.py`: "
+                  f"{result['rows']} rows x {result['width']} tokens, "
+                  f"{result['batch_bytes'] / 1e6:.0f} MB, between worker processes on one "
+                  "node; bandwidth relative to one process copying the whole batch, medians):",
+                  ["layout change", "DataBuffer / memcpy", "DataBuffer over gloo / memcpy",
+                   "DataBuffer / centralized driver", "bytes through a driver"], lines,
+                  [_source(result)])
 
 
 def scaling_section() -> list:
