@@ -41,7 +41,13 @@ from siirl.data_coordinator import huge_pages
 from siirl.data_coordinator.balance import plan_transfers
 from siirl.data_coordinator.fields import ATTENTION_MASK, UID
 from siirl.data_coordinator.protocol import batch_num_tokens, get_non_tensor, set_non_tensor
-from siirl.data_coordinator.same_node import WRITTEN, SameNode, copy_rows, staged_groups
+from siirl.data_coordinator.same_node import (
+    WRITTEN,
+    SameNode,
+    copy_rows,
+    run_start,
+    staged_groups,
+)
 from siirl.data_coordinator.transport import Piece, Traffic, exchange, signal, transport_device
 from siirl.errors import DataError
 
@@ -179,14 +185,13 @@ def _check_schemas(metas: list[dict], src: Layout) -> list[tuple]:
 
 def _take(batch: TensorDict, rows: list[int], schema: list[tuple]) -> Piece:
     """Rows of ``batch`` as a Piece; a contiguous run is a view (no copy)."""
-    start = rows[0] if rows else 0
-    run = rows == list(range(start, start + len(rows)))
-    index = None if run else torch.tensor(rows, dtype=torch.long)
+    start = run_start(rows) if rows else 0
+    index = None if start is not None else torch.tensor(rows, dtype=torch.long)
     piece = Piece(len(rows))
     for key, kind, _, _ in schema:
         if kind == "tensor":
             t = batch.get(key)
-            if run:
+            if start is not None:
                 piece.tensors[key] = t.narrow(0, start, len(rows))
             else:
                 piece.tensors[key] = t.index_select(0, index.to(t.device))
@@ -282,9 +287,13 @@ class DataBuffer:
                 meta.update(_source_meta(batch, token_key, group_key))
             except DataError as err:
                 meta["error"] = str(err)
-        self.traffic.meta_bytes += len(pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL))
+        # pickled once here, so the counter costs no second serialisation (the all-gather
+        # pickles the bytes object, which is a plain copy)
+        record = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        self.traffic.meta_bytes += len(record)
         gathered: list = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(gathered, meta, group=self.group)
+        dist.all_gather_object(gathered, record, group=self.group)
+        gathered = [pickle.loads(g) for g in gathered]
         by_rank = dict(zip(members, gathered, strict=True))
         self._check(by_rank, src, dst)
         metas = [by_rank[src.source_rank(s)] for s in range(src.dp_size)]

@@ -33,18 +33,24 @@ from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.data_coordinator.shared_memory import Mapping, Staging, enabled, node_key, open_peer
 from siirl.data_coordinator.transport import Piece
 
-__all__ = ["FALLBACK", "WRITTEN", "SameNode", "copy_rows", "staged_groups"]
+__all__ = ["FALLBACK", "WRITTEN", "SameNode", "copy_rows", "run_start", "staged_groups"]
 
 WRITTEN, FALLBACK = 1, 2  # a note's status
 ALIGN = 64  # region start alignment: any dtype may view it
+
+
+def run_start(rows: list[int]) -> int | None:
+    """The first row when ``rows`` (not empty) are one ascending contiguous run, else None."""
+    start = rows[0]
+    return start if rows == list(range(start, start + len(rows))) else None
 
 
 def copy_rows(out: torch.Tensor, src: torch.Tensor, rows: list[int]) -> None:
     """``out[:] = src[rows]`` in one copy (a contiguous run is a plain copy)."""
     if not rows:
         return
-    start = rows[0]
-    if rows == list(range(start, start + len(rows))):
+    start = run_start(rows)
+    if start is not None:
         out.copy_(src.narrow(0, start, len(rows)))
         return
     index = torch.tensor(rows, dtype=torch.long, device=src.device)
