@@ -112,6 +112,29 @@ def test_resumed_two_worker_run_continues_exactly(runs, tmp_path):
                  ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
 
 
+REPLICATE = [f"{prefix}.fsdp_config.fsdp_size=1"
+             for prefix in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")]
+
+
+def test_replicated_workers_train_like_one_and_resume_sharded(runs, tmp_path):
+    """fsdp_size=1: whole-model replicas train like one worker; their checkpoint is one
+    whole copy written by rank 0, and a sharded 2-worker run resumes from it exactly."""
+    one = steps(runs[0])
+    rep = tmp_path / "rep"
+    train(rep, *TWO, *REPLICATE, "trainer.total_training_steps=2", "trainer.save_freq=2",
+          "trainer.test_freq=-1")
+    first = steps(rep)
+    for step in (1, 2):
+        assert_close(one[("train", step)], first[("train", step)],
+                     ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+    actor = rep / "global_step_2" / "actor"
+    assert (actor / "model.safetensors").is_file() and not (actor / "dcp").exists()
+    train(rep, *TWO, "trainer.total_training_steps=3", "trainer.save_freq=-1",
+          "trainer.test_freq=-1")  # the default layout: FSDP2 shards of the replicas' copy
+    assert_close(one[("train", 3)], steps(rep)[("train", 3)],
+                 ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
+
+
 def test_tensor_parallel_rollout_feeds_data_parallel_training(runs, tmp_path):
     """Rollout at tensor-parallel size 2 (both workers read and generate the same rows),
     training data parallel over both: the DataBuffer moves half the rows, and the result

@@ -1,13 +1,16 @@
 """Multi-worker scaling of the main job: 1 -> 2 CPU workers at a fixed batch per worker.
 
-    python tools/bench/scaling.py [--rounds 3] [--steps 8] [--prompts-per-worker 16] \
+    python tools/bench/scaling.py [--rounds 3] [--steps 8] [--prompts-per-worker 32] \
         [--out bench_scaling.json] [key=value ...]
 
 Each round runs the main job (``siirl-train``, one torch thread per worker, no validation
-or checkpoints) with 1 worker and with 2 (a private local Ray cluster), each on
-``--prompts-per-worker`` prompts per worker, and takes the median ``timing_s/step`` after
-two warm-up steps. With the batch per worker fixed, perfect scaling keeps the step time,
-so the efficiency is ``step(1) / step(2)``.
+or checkpoints) with 1 worker and with 2 (a private local Ray cluster) in both data-parallel
+layouts of the fsdp engine: ``shard`` (the default, ``fsdp_size=-1``: FSDP2 shards every
+layer over the workers) and ``replicate`` (``fsdp_size=1`` for actor, reference and critic:
+every worker holds the whole model, one gradient all-reduce per update). Every job trains on
+``--prompts-per-worker`` prompts per worker (default: the main job's 32) and reports the
+median ``timing_s/step`` after two warm-up steps. With the batch per worker fixed, perfect
+scaling keeps the step time, so a layout's efficiency is ``step(1) / step(2)``.
 
 On a shared machine two workers may not get two cores. Each round therefore also runs a
 probe: the same small torch workload in one process, then in two at once; its efficiency
@@ -16,7 +19,7 @@ probe: the same small torch workload in one process, then in two at once; its ef
 does not move: the CPU time one step costs each worker (read from ``/proc`` each time a
 step is logged), whose ratio ``CPU(1) / CPU(2)`` is the efficiency two idle cores would
 give at most. Per node, ``2w/1w`` shows where time went: nodes without communication
-(reward, advantages) slow down only by contention; the rollout gathers the sharded weights
+(reward, advantages) slow down only by contention; a sharded rollout gathers the weights
 once and the update waits for the data-parallel collectives. Also reported: the 2-worker
 start-up (``timing_s/to_first_step``) and the bytes the DataBuffer moved.
 """
@@ -38,6 +41,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when load
 from bench_info import write_result  # noqa: E402
 
 WARMUP_STEPS = 2
+# the 2-worker layouts compared with one worker: extra overrides of each
+LAYOUTS = {
+    "shard": [],
+    "replicate": [f"{prefix}.fsdp_config.fsdp_size=1" for prefix in
+                  ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")],
+}
 PROBE = """
 import sys, time, torch
 torch.set_num_threads(1)
@@ -174,64 +183,89 @@ def _median_or_none(values: list) -> Optional[float]:
     return statistics.median(known) if known else None
 
 
+def _layout_summary(rounds: list, layout: str, med) -> dict:
+    nodes = sorted(set(rounds[0]["1"]["nodes"]) | set(rounds[0][layout]["nodes"]))
+    return {
+        "step_s": med(lambda r: r[layout]["step_s"]),
+        "efficiency": med(lambda r: r["efficiency"][layout]),
+        "relative_to_probe": med(lambda r: r["efficiency"][layout] / r["probe"]["efficiency"]),
+        "cpu_per_step_s": _median_or_none([r[layout]["cpu_per_step_s"] for r in rounds]),
+        "cpu_efficiency": _median_or_none([r["cpu_efficiency"][layout] for r in rounds]),
+        "to_first_step_s": med(lambda r: r[layout]["to_first_step_s"]),
+        "databuffer_bytes_per_step": med(lambda r: r[layout]["databuffer_bytes"]
+                                         / r[layout]["steps_measured"]),
+        "nodes": {k: med(lambda r, k=k: r[layout]["nodes"].get(k, 0.0)) for k in nodes},
+    }
+
+
+def print_table(summary: dict, args: Any) -> None:
+    layouts = summary["layouts"]
+    print(f"main job, {args.prompts_per_worker} prompts per CPU worker, one torch thread each "
+          f"(median of {args.rounds} rounds)")
+    header = "".join(f"{'2w ' + name:>14}{'2w/1w':>7}" for name in layouts)
+    print(f"{'':<26}{'1 worker':>10}{header}")
+    nodes = summary["nodes_1"]
+    for key in sorted(set(nodes).union(*(lay["nodes"] for lay in layouts.values()))):
+        one = nodes.get(key, 0.0)
+        row = f"{key + ' (s)':<26}{one:>10.4f}"
+        for lay in layouts.values():
+            two = lay["nodes"].get(key, 0.0)
+            ratio = two / one if one > 1e-4 else float("nan")
+            row += f"{two:>14.4f}{ratio:>7.2f}"
+        print(row)
+    cpu1 = summary["cpu_per_step_s_1"]
+    if cpu1 and all(lay["cpu_per_step_s"] for lay in layouts.values()):
+        print(f"{'CPU s/step per worker':<26}{cpu1:>10.4f}" + "".join(
+            f"{lay['cpu_per_step_s']:>14.4f}{lay['cpu_per_step_s'] / cpu1:>7.2f}"
+            for lay in layouts.values()))
+    print(f"\nprobe efficiency (the machine):  {summary['probe_efficiency']:.2f}")
+    for name, lay in layouts.items():
+        cpu = (f", CPU {lay['cpu_efficiency']:.2f}" if lay["cpu_efficiency"] is not None
+               else "")
+        print(f"{name:<10} efficiency {lay['efficiency']:.2f} (/ probe "
+              f"{lay['relative_to_probe']:.2f}{cpu}); start-up to step 1 "
+              f"{lay['to_first_step_s']:.1f} s; DataBuffer bytes/step "
+              f"{lay['databuffer_bytes_per_step']:.0f}")
+
+
+def summarize(rounds: list) -> dict:
+    """Medians over rounds: the 1-worker step and, per layout, the 2-worker figures."""
+    med = lambda get: statistics.median(get(r) for r in rounds)  # noqa: E731
+    return {
+        "step_s_1": med(lambda r: r["1"]["step_s"]),
+        "cpu_per_step_s_1": _median_or_none([r["1"]["cpu_per_step_s"] for r in rounds]),
+        "nodes_1": {k: med(lambda r, k=k: r["1"]["nodes"].get(k, 0.0))
+                    for k in rounds[0]["1"]["nodes"]},
+        "probe_efficiency": med(lambda r: r["probe"]["efficiency"]),
+        "layouts": {k: _layout_summary(rounds, k, med) for k in LAYOUTS},
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--prompts-per-worker", type=int, default=16)
+    parser.add_argument("--prompts-per-worker", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", default="bench_scaling.json")
     args, overrides = parser.parse_known_args(argv)
     rounds = []
     for _ in range(args.rounds):  # interleaved, so load changes hit every part alike
-        entry = {"probe": probe()}
-        for n in (1, 2):
-            entry[str(n)] = run_job(n, args.steps, args.prompts_per_worker, overrides,
-                                    args.timeout)
-        entry["efficiency"] = entry["1"]["step_s"] / entry["2"]["step_s"]
-        entry["relative_to_probe"] = entry["efficiency"] / entry["probe"]["efficiency"]
-        cpu1, cpu2 = entry["1"]["cpu_per_step_s"], entry["2"]["cpu_per_step_s"]
-        entry["cpu_efficiency"] = cpu1 / cpu2 if cpu1 and cpu2 else None
+        entry = {"probe": probe(),
+                 "1": run_job(1, args.steps, args.prompts_per_worker, overrides, args.timeout)}
+        for layout, extra in LAYOUTS.items():
+            entry[layout] = run_job(2, args.steps, args.prompts_per_worker,
+                                    overrides + extra, args.timeout)
+        entry["efficiency"] = {k: entry["1"]["step_s"] / entry[k]["step_s"] for k in LAYOUTS}
+        cpu1 = entry["1"]["cpu_per_step_s"]
+        entry["cpu_efficiency"] = {k: cpu1 / entry[k]["cpu_per_step_s"]
+                                   if cpu1 and entry[k]["cpu_per_step_s"] else None
+                                   for k in LAYOUTS}
         rounds.append(entry)
-    med = lambda get: statistics.median(get(r) for r in rounds)  # noqa: E731
-    nodes = sorted(set(rounds[0]["1"]["nodes"]) | set(rounds[0]["2"]["nodes"]))
-    summary = {
-        "step_s": {n: med(lambda r, n=n: r[n]["step_s"]) for n in ("1", "2")},
-        "prompts_per_s": {n: int(n) * args.prompts_per_worker /
-                          med(lambda r, n=n: r[n]["step_s"]) for n in ("1", "2")},
-        "efficiency": med(lambda r: r["efficiency"]),
-        "probe_efficiency": med(lambda r: r["probe"]["efficiency"]),
-        "relative_to_probe": med(lambda r: r["relative_to_probe"]),
-        "cpu_per_step_s": {n: _median_or_none([r[n]["cpu_per_step_s"] for r in rounds])
-                           for n in ("1", "2")},
-        "cpu_efficiency": _median_or_none([r["cpu_efficiency"] for r in rounds]),
-        "two_worker_to_first_step_s": med(lambda r: r["2"]["to_first_step_s"]),
-        "databuffer_bytes_per_step": med(lambda r: r["2"]["databuffer_bytes"]
-                                         / r["2"]["steps_measured"]),
-        "nodes": {k: {n: med(lambda r, n=n, k=k: r[n]["nodes"].get(k, 0.0)) for n in ("1", "2")}
-                  for k in nodes},
-    }
-    print(f"main job, {args.prompts_per_worker} prompts per CPU worker, one torch thread each "
-          f"(median of {args.rounds} rounds)")
-    print(f"{'':<24}{'1 worker':>10}{'2 workers':>11}{'2w/1w':>8}")
-    for key, times in summary["nodes"].items():
-        ratio = times["2"] / times["1"] if times["1"] > 1e-4 else float("nan")
-        print(f"{key + ' (s)':<24}{times['1']:>10.4f}{times['2']:>11.4f}{ratio:>8.2f}")
-    print(f"{'prompts/s':<24}{summary['prompts_per_s']['1']:>10.1f}"
-          f"{summary['prompts_per_s']['2']:>11.1f}")
-    cpu = summary["cpu_per_step_s"]
-    if cpu["1"] and cpu["2"]:
-        print(f"{'CPU s/step per worker':<24}{cpu['1']:>10.4f}{cpu['2']:>11.4f}"
-              f"{cpu['2'] / cpu['1']:>8.2f}")
-    print(f"\nscaling efficiency (2 vs 1):     {summary['efficiency']:.2f}")
-    print(f"probe efficiency (the machine):  {summary['probe_efficiency']:.2f}")
-    print(f"efficiency / probe:              {summary['relative_to_probe']:.2f}")
-    if summary["cpu_efficiency"] is not None:
-        print(f"CPU efficiency (CPU per step):   {summary['cpu_efficiency']:.2f}")
-    print(f"2-worker start-up to step 1:     {summary['two_worker_to_first_step_s']:.1f} s")
-    print(f"DataBuffer bytes per step:       {summary['databuffer_bytes_per_step']:.0f}")
-    write_result({"args": vars(args), "overrides": overrides, "summary": summary,
-                  "rounds": rounds}, args.out, argv)
+    summary = summarize(rounds)
+    print_table(summary, args)
+    write_result({"args": vars(args), "overrides": overrides, "layouts": LAYOUTS,
+                  "summary": summary, "rounds": rounds}, args.out, argv)
     return 0
 
 

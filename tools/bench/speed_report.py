@@ -139,12 +139,21 @@ def scaling_section() -> list:
     if not result:
         return []
     s = result["summary"]
-    cpu = f", CPU-time efficiency {s['cpu_efficiency']:.2f}" if s.get("cpu_efficiency") else ""
-    return ["**Scaling** (`tools/bench/scaling.py`: the main job at 16 prompts per worker, "
-            f"1 -> 2 CPU workers): efficiency **{s['efficiency']:.2f}** (step time 1 worker / "
-            f"2 workers; the machine itself gave two processes {s['probe_efficiency']:.2f}"
-            f"{cpu}); 2-worker start-up to the first step "
-            f"{s['two_worker_to_first_step_s']:.1f} s. {_source(result)}", ""]
+    lines = []
+    for name, lay in s["layouts"].items():
+        cpu = f"{lay['cpu_efficiency']:.2f}" if lay.get("cpu_efficiency") else "n/a"
+        fsdp_size = "`fsdp_size=1`" if name == "replicate" else "`fsdp_size=-1`, the default"
+        lines.append(f"| {name} ({fsdp_size}) | **{lay['efficiency']:.2f}** | "
+                     f"{lay['relative_to_probe']:.2f} | {cpu} | "
+                     f"{lay['step_s'] * 1e3:.0f} ms | {lay['to_first_step_s']:.1f} s |")
+    return _table("**Scaling** (`tools/bench/scaling.py`: the main job at "
+                  f"{result['args']['prompts_per_worker']} prompts per worker, 1 -> 2 CPU "
+                  f"workers; one worker's step {s['step_s_1'] * 1e3:.0f} ms; efficiency = "
+                  "step time 1 worker / 2 workers; the machine itself gave two processes "
+                  f"{s['probe_efficiency']:.2f}):",
+                  ["2-worker layout", "efficiency", "efficiency / machine",
+                   "CPU-time efficiency", "2-worker step", "2-worker start-up to step 1"],
+                  lines, [_source(result)])
 
 
 SECTIONS: list = [step_section, sampler_section, startup_section, databuffer_section,

@@ -167,9 +167,10 @@ def free_port() -> int:
 
 
 def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
-    """One rank of the 2-process gloo test: FSDP2-shard the actor, update on this rank's
-    half of the batch, write metrics, full gradients and full weights to ``workdir``, and
-    round-trip a checkpoint (to ``workdir/ckpt``)."""
+    """One rank of the 2-process gloo test: FSDP2-shard (or, with ``fsdp_size=1`` among the
+    overrides, replicate) the actor, update on this rank's half of the batch, write metrics,
+    full gradients and full weights to ``workdir``, and round-trip a checkpoint (to
+    ``workdir/ckpt``)."""
     import json
     import os
 
@@ -185,9 +186,15 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
         model = TinyCausalLM()
         model.load_state_dict(inputs["weights"])
         config = actor_config(*inputs["overrides"])
+        replicated = config.actor_rollout_ref.actor.fsdp_config.fsdp_size == 1
+        if replicated and rank == 1:  # replicas start from rank 0's weights, whatever given
+            with torch.no_grad():
+                next(model.parameters()).add_(1.0)
         worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
         engine = actor_engine(config, module=model, worker=worker)
-        assert engine.sharded and engine.initial_module is not None
+        sharded = engine.sharded
+        assert sharded == (not replicated)
+        assert (engine.initial_module is not None) == sharded
         ref = fsdp_reference(config, worker, actor=engine, logprob_fn=ref_logprobs)  # the copy
         assert engine.initial_module is None
         rows = inputs["batch"]["input_ids"].shape[0] // world_size
@@ -196,19 +203,19 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
         local = ref.compute_ref_log_prob(local).batch
         assert torch.allclose(local["ref_log_prob"], local["old_log_probs"], atol=1e-5)
         metrics = engine.update_policy(local).metrics
-        grads = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
-        weights = checkpoint.model_state_dict(engine.module, sharded=True)
-        # sharded checkpoint: gathered on rank 0 when saved, re-sharded when loaded
+        grads = {n: p.grad.full_tensor() if sharded else p.grad
+                 for n, p in engine.module.named_parameters()}
+        weights = checkpoint.model_state_dict(engine.module, sharded=sharded)
+        # checkpoint: sharded, one file per rank; replicated, rank 0 writes the whole state
         engine.save_checkpoint(os.path.join(workdir, "ckpt"))
         engine.load_checkpoint(os.path.join(workdir, "ckpt"))
-        reloaded = checkpoint.model_state_dict(engine.module, sharded=True)
+        reloaded = checkpoint.model_state_dict(engine.module, sharded=sharded)
         assert all(torch.equal(reloaded[k], weights[k]) for k in weights)
         assert engine.actor.update_count == 1
         with open(os.path.join(workdir, f"metrics{rank}.json"), "w") as handle:
             json.dump(metrics, handle)
-        if rank == 0:
-            torch.save({"grads": grads, "weights": weights},
-                       os.path.join(workdir, "result.pt"))
+        torch.save({"grads": grads, "weights": weights},
+                   os.path.join(workdir, f"result{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()

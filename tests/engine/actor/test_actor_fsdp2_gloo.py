@@ -1,5 +1,6 @@
-"""FSDP2 data parallelism on CPU: two gloo ranks, each with half the batch, must reproduce
-the loss, gradient norm and gradients of one process on the whole batch.
+"""Data parallelism on CPU, FSDP2-sharded and replicated (``fsdp_size=1``): two gloo ranks,
+each with half the batch, must reproduce the loss, gradient norm and gradients of one
+process on the whole batch.
 
 The model is a pure-torch causal LM named like an HF one (see siirl_actor_testlib): the
 spawned ranks then skip importing transformers, which would double this test's time."""
@@ -50,16 +51,18 @@ def _one_torch_thread():
 
 
 @pytest.mark.skipif(not HAVE_FSDP2, reason="torch build without FSDP2 or gloo")
-def test_two_gloo_ranks_match_one_process(tmp_path):
+@pytest.mark.parametrize("fsdp_size", [-1, 1])
+def test_two_gloo_ranks_match_one_process(tmp_path, fsdp_size):
+    overrides = OVERRIDES + [f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size}"]
     model = tiny_torch_model()
-    single = actor_engine(actor_config(*OVERRIDES), module=copy.deepcopy(model))
+    single = actor_engine(actor_config(*overrides), module=copy.deepcopy(model))
     batch = with_advantages(single, rollout_batch(rows=8, seed=3))
     batch.set("advantages", batch["advantages"] * torch.linspace(-1.0, 2.0, 8)[:, None])
     batch.set("ref_log_prob", batch["old_log_probs"].clone())
     tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids",
                                      "responses", "response_mask", "old_log_probs",
                                      "advantages")}
-    torch.save({"weights": model.state_dict(), "batch": tensors, "overrides": OVERRIDES},
+    torch.save({"weights": model.state_dict(), "batch": tensors, "overrides": overrides},
                tmp_path / "inputs.pt")
     want = single.update_policy(batch.clone()).metrics
     want_grads = {n: p.grad for n, p in single.module.named_parameters()}
@@ -73,7 +76,8 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
                 process.kill()
             pytest.fail("the 2-rank FSDP2 run did not finish in 120 s")
 
-    result = torch.load(tmp_path / "result.pt", weights_only=True)
+    results = [torch.load(tmp_path / f"result{rank}.pt", weights_only=True) for rank in (0, 1)]
+    result = results[0]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"metrics{rank}.json").read_text())
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl",
@@ -83,11 +87,18 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     # Adam's first step is ~lr * sign(grad): float noise on near-zero gradients can move a
     # weight by a small fraction of lr, so weights get a looser bound than gradients.
     assert max_param_diff(result["weights"], params(single.module)) < 1e-4
-    # the 2-rank checkpoint holds one shard file per rank and loads into one plain module
-    assert sorted(p.name for p in (tmp_path / "ckpt" / checkpoint.SHARDED_DIR).iterdir()) == \
-        [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    if fsdp_size == 1:  # the replicas stay bitwise equal (sharded: rank 0 gathers alone)
+        assert max_param_diff(results[1]["weights"], result["weights"]) == 0.0
+    ckpt_dir = tmp_path / "ckpt"
+    if fsdp_size == 1:  # one whole copy, written by rank 0 alone
+        assert sorted(p.name for p in ckpt_dir.iterdir()) == \
+            sorted([checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.EXTRA_FILE])
+    else:  # one shard file per rank
+        assert sorted(p.name for p in (ckpt_dir / checkpoint.SHARDED_DIR).iterdir()) == \
+            [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # either layout loads into one plain module
     plain = copy.deepcopy(single.module)
     optimizer = torch.optim.AdamW(plain.parameters())
-    checkpoint.load_checkpoint(str(tmp_path / "ckpt"), plain, optimizer)
+    checkpoint.load_checkpoint(str(ckpt_dir), plain, optimizer)
     assert max_param_diff(params(plain), result["weights"]) == 0.0
     assert len(optimizer.state) == len(list(plain.parameters()))  # moments restored too

@@ -94,10 +94,10 @@ def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rul
                  "offload lands with issue 19", _OFFLOAD),
         _na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
             "the reference policy has no optimizer."),
-        _na((f"{prefix}.wrap_policy", f"{prefix}.forward_prefetch", f"{prefix}.fsdp_size"),
-            "no effect: FSDP2 shards every decoder layer over all workers",
-            "FSDP2 here shards each decoder layer and the root over all of the role's "
-            "workers; wrapping, prefetch and hybrid-shard sizes are not tunable."),
+        _na((f"{prefix}.wrap_policy", f"{prefix}.forward_prefetch"),
+            "no effect: FSDP2 shards every decoder layer",
+            "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
+            "replicates the whole model); wrapping and prefetch are not tunable."),
     ]
 
 

@@ -1,8 +1,10 @@
-"""``FSDPBackend``: the training verbs over one torch module, plain or FSDP2-sharded.
+"""``FSDPBackend``: the training verbs over one torch module, plain, FSDP2-sharded or
+replicated on every data-parallel rank (``fsdp_size=1``).
 
-Every rank runs the same number of forwards on its own rows; FSDP2 averages gradients over
-the data-parallel ranks. Batches live on the CPU between nodes; each micro-batch moves to
-the module's device for its forward, and forward-only results come back to the CPU.
+Every rank runs the same number of forwards on its own rows; gradients are averaged over
+the data-parallel ranks (by FSDP2 when sharded, by one flat all-reduce when replicated).
+Batches live on the CPU between nodes; each micro-batch moves to the module's device for
+its forward, and forward-only results come back to the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss, concat_outputs
 from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
+from siirl.engine.common.replicas import average_gradients, broadcast_parameters
 from siirl.engine.common.weight_sync import Bucket, buckets_of
 from siirl.engine.fsdp.sharding import fix_architectures
 from siirl.errors import ConfigError
@@ -44,14 +47,22 @@ def compute_dtype(model_dtype: Optional[str]) -> Optional[torch.dtype]:
 
 
 class FSDPBackend:
-    """``module`` (already sharded when ``sharded``), its optimizer (None: forward only)."""
+    """``module`` (already sharded when ``sharded``), its optimizer (None: forward only).
+
+    ``replicated``: the module is whole on every rank of ``dp_group``; its weights are
+    taken from the group's first rank now and gradients averaged before each step."""
 
     def __init__(self, module: torch.nn.Module, optimizer: Any = None, *, dp_rank: int = 0,
                  dp_size: int = 1, dp_group: Any = None, sharded: bool = False,
+                 replicated: bool = False,
                  grad_clip: Any = 1.0, autocast_dtype: Optional[torch.dtype] = None):
+        if sharded and replicated:
+            raise ValueError("a module is either sharded or replicated, not both")
         self.module, self.optimizer = module, optimizer
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
-        self.sharded = sharded
+        self.sharded, self.replicated = sharded, replicated
+        if replicated:
+            broadcast_parameters(module, dp_group)
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
 
@@ -87,6 +98,8 @@ class FSDPBackend:
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> float:
+        if self.replicated:
+            average_gradients(self.module, self.dp_group)
         return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip))
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
@@ -96,6 +109,12 @@ class FSDPBackend:
 
     def save_checkpoint(self, directory: str, extra: Dict[str, Any],
                         contents: Tuple[str, ...]) -> None:
+        if self.replicated:  # the replicas are equal: the first rank writes for all
+            if self.dp_rank == 0:
+                ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
+                                     contents=contents)
+            torch.distributed.barrier(group=self.dp_group)
+            return
         ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
                              sharded=self.sharded, rank=self.dp_rank, group=self.dp_group,
                              contents=contents)
@@ -112,7 +131,7 @@ class FSDPBackend:
             finish = ((lambda tmp: fix_architectures(tmp, self.module)) if self.sharded
                       else None)
             ckpt.save_pretrained_dir(directory, self.module, state, tokenizer, finish)
-        if self.sharded:
+        if self.sharded or self.replicated:
             torch.distributed.barrier(group=self.dp_group)
 
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:

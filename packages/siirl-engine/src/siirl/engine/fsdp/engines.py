@@ -3,14 +3,15 @@ critic on torch modules.
 
 ``fsdp_engine(role, config, worker, peers)`` builds the engine of a role. With
 ``torch.distributed`` initialised and more than one rank in the role's group, modules are
-sharded with FSDP2 (``fully_shard`` on each decoder layer, then on the root); otherwise
-they run as plain modules, which is the single-process CPU/GPU case.
+sharded with FSDP2 (``fully_shard`` on each decoder layer, then on the root), or, with
+``fsdp_config.fsdp_size=1``, replicated whole on every rank (gradients averaged once per
+update); otherwise they run as plain modules, which is the single-process CPU/GPU case.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -30,7 +31,7 @@ from siirl.engine.common.runtime import (
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import build_value_model, response_values
 from siirl.engine.fsdp.backend import FSDPBackend, compute_dtype
-from siirl.engine.fsdp.sharding import shard_fsdp2
+from siirl.engine.fsdp.sharding import replicates, shard_fsdp2
 from siirl.engine.models.logprob import response_logprobs
 from siirl.engine.models.padding import on_used_columns
 from siirl.errors import ConfigError
@@ -75,6 +76,16 @@ def value_heads(value_fn: Optional[Callable] = None) -> Callable[[int], Head]:
     return heads
 
 
+def data_parallel_layout(group: Any, fsdp_config: Any, key: str) -> Tuple[bool, bool]:
+    """(sharded, replicated) for a role over ``group`` with ``fsdp_config`` (``key`` names
+    it in errors); both False for a single rank."""
+    if not should_shard(group):
+        return False, False
+    replicated = replicates(fsdp_config.fsdp_size, torch.distributed.get_world_size(group),
+                            f"{key}.fsdp_size")
+    return not replicated, replicated
+
+
 def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Module] = None,
                tokenizer: Any = None, logprob_fn: Optional[Callable] = None) -> ActorEngine:
     """The policy; ``module``/``tokenizer``/``logprob_fn`` may be injected (tests, custom
@@ -85,7 +96,8 @@ def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mod
     if module is None:
         module, tokenizer = load_policy(cfg)
     group = process_group(worker, "actor")
-    sharded = should_shard(group)
+    sharded, replicated = data_parallel_layout(group, actor_cfg.fsdp_config,
+                                               "actor_rollout_ref.actor.fsdp_config")
     initial = None
     if sharded:
         # Sharded modules cannot be deep-copied later, so when a reference policy will be
@@ -95,7 +107,7 @@ def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mod
         shard_fsdp2(module, actor_cfg.fsdp_config.reshard_after_forward, group)
     backend = FSDPBackend(module, build_optimizer(module.parameters(), actor_cfg.optim),
                           dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
-                          grad_clip=actor_cfg.grad_clip,
+                          replicated=replicated, grad_clip=actor_cfg.grad_clip,
                           autocast_dtype=compute_dtype(actor_cfg.fsdp_config.model_dtype))
     return ActorEngine(backend, cfg, logprob_heads(logprob_fn), tokenizer=tokenizer,
                        initial_module=initial)
@@ -113,8 +125,10 @@ def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngi
     module.requires_grad_(False)
     module.eval()
     group = process_group(worker, "reference")
-    sharded = should_shard(group)
     ref_cfg = cfg.actor_rollout_ref.ref
+    # frozen: a replicated reference needs no communication at all
+    sharded, _ = data_parallel_layout(group, ref_cfg.fsdp_config,
+                                      "actor_rollout_ref.ref.fsdp_config")
     if sharded:
         shard_fsdp2(module, ref_cfg.fsdp_config.reshard_after_forward, group)
     rank, world_size = data_parallel_world(worker)
@@ -137,12 +151,13 @@ def fsdp_critic(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mo
                                    device_type=device.type)
         module.to(device)
     group = process_group(worker, "critic")
-    sharded = should_shard(group)
+    sharded, replicated = data_parallel_layout(group, critic_cfg.model.fsdp_config,
+                                               "critic.model.fsdp_config")
     if sharded:
         shard_fsdp2(module, critic_cfg.model.fsdp_config.reshard_after_forward, group)
     backend = FSDPBackend(module, build_optimizer(module.parameters(), critic_cfg.optim),
                           dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
-                          grad_clip=critic_cfg.grad_clip,
+                          replicated=replicated, grad_clip=critic_cfg.grad_clip,
                           autocast_dtype=compute_dtype(critic_cfg.model.fsdp_config.model_dtype))
     return CriticEngine(backend, cfg, value_heads(value_fn))
 

@@ -24,6 +24,30 @@ def decoder_layers(module: torch.nn.Module) -> list:
             ("layers", "h", "blocks") for layer in child]
 
 
+FSDP_SIZE_HINT = ("-1 (shard every layer over all of the role's workers, the default) or 1 "
+                  "(every worker holds the whole model; gradients are averaged once per "
+                  "update, which is faster for a model that fits one device)")
+
+
+def replicates(fsdp_size: Any, world: int, key: str) -> bool:
+    """Whether ``fsdp_size`` (``key``) asks for replication rather than sharding over the
+    ``world`` ranks of a role; hybrid sizes between 1 and ``world`` are refused."""
+    try:
+        size = int(fsdp_size)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={fsdp_size!r} is not an integer; use {FSDP_SIZE_HINT}."
+                          ) from None
+    if size in (-1, world):
+        return False
+    if size == 1:
+        return True
+    if size < 1:
+        raise ConfigError(f"{key}={size} is not a group size; use {FSDP_SIZE_HINT}.")
+    raise ConfigError(f"{key}={size} asks for hybrid sharding (HSDP) over groups of {size} "
+                      f"of the {world} workers, which the fsdp engine does not support; use "
+                      f"{FSDP_SIZE_HINT}.")
+
+
 def shard_fsdp2(module: torch.nn.Module, reshard_after_forward: bool = True,
                 group: Any = None) -> torch.nn.Module:
     """``fully_shard`` every decoder layer, then the root (embeddings, norm, head), over the
