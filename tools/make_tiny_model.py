@@ -4,6 +4,14 @@
     python tools/make_tiny_model.py --rl-check   # then a 3-minute GRPO-like check
     python tools/make_tiny_model.py --rl-only    # only that check, on the saved model
 
+A variant with other dimensions goes to another ``--out`` (its model card records the
+command). ``siirl/engine/assets/tiny_arith_hd32`` ("builtin:tiny-arith-hd32") is the same
+recipe with 2 heads of dimension 32, which vLLM's CPU attention accepts (it refuses
+tiny_arith's head dimension 16)::
+
+    python tools/make_tiny_model.py --heads 2 \
+        --out packages/siirl-engine/src/siirl/engine/assets/tiny_arith_hd32
+
 The task is the one the default ``siirl-train`` job uses: the prompt is ``"13+5="`` (two
 operands in 0..20, ``+`` or ``-``, subtraction only when the result is not negative), used
 verbatim, and the expected response is the decimal answer then EOS (``"18</s>"``).
@@ -36,6 +44,8 @@ import argparse
 import json
 import math
 import random
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -85,14 +95,20 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(tok, hidden: int, layers: int) -> LlamaForCausalLM:
+def build_model(tok, hidden: int, layers: int, heads: int = 4,
+                kv_heads: int | None = None) -> LlamaForCausalLM:
+    """``hidden / heads`` is the head dimension (the default 64 / 4 = 16)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    if hidden % heads or heads % kv_heads:
+        raise SystemExit(f"--hidden {hidden} must be a multiple of --heads {heads}, and "
+                         f"--heads a multiple of --kv-heads {kv_heads}")
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden,
         intermediate_size=4 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=64,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
@@ -215,6 +231,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=4,
+                    help="attention heads (head dimension = hidden / heads)")
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="key/value heads (grouped-query attention); default: --heads")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -240,6 +260,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rl-steps", type=int, default=100_000)
     ap.add_argument("--rl-eval-every", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.kv_heads is None:
+        args.kv_heads = args.heads
 
     t0 = time.time()
     torch.set_num_threads(1)
@@ -260,7 +282,7 @@ def main(argv=None) -> None:
         return
 
     tok = build_tokenizer()
-    model = build_model(tok, args.hidden, args.layers)
+    model = build_model(tok, args.hidden, args.layers, args.heads, args.kv_heads)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vocab {len(tok)}, params {n_params:,}, train {len(train)}, held-out {len(val)}")
     steps = pretrain(model, tok, train, val, args, log)
@@ -284,7 +306,9 @@ def main(argv=None) -> None:
     tok_cfg.pop("backend", None)
     tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
     info = dict(
-        params=n_params, hidden=args.hidden, layers=args.layers, vocab=len(tok),
+        name=out.name, command=_command(argv), out=_shown_path(out),
+        params=n_params, hidden=args.hidden, layers=args.layers, heads=args.heads,
+        kv_heads=args.kv_heads, head_dim=args.hidden // args.heads, vocab=len(tok),
         seed=args.seed, steps=steps, lr=args.lr, wd=args.wd, batch_size=args.batch_size,
         confuse_rate=args.confuse_rate, confuse_min_b=args.confuse_min_b,
         n_problems=len(train) + len(val), n_val=len(val), greedy_val=round(greedy_val, 4),
@@ -303,6 +327,38 @@ def main(argv=None) -> None:
     if not ok:
         raise SystemExit(f"out of the window [{args.lo}, {args.hi}] or pass@8 < "
                          f"{args.min_pass}: adjust the settings")
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the repository when inside it (as the model card shows it)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _command(argv) -> str:
+    """The command that built the model, for its card: the arguments as given (``--out``
+    relative to the repository), without the RL-check options, which change nothing saved."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept, i = [], 0
+    while i < len(args):
+        a = args[i]
+        name = a.split("=", 1)[0]
+        if name in ("--rl-check", "--rl-only"):
+            i += 1
+            continue
+        if name.startswith("--rl-"):  # --rl-lr 1e-3 or --rl-lr=1e-3
+            i += 1 if "=" in a else 2
+            continue
+        if name == "--out":
+            value = a.split("=", 1)[1] if "=" in a else args[i + 1]
+            kept += ["--out", _shown_path(Path(value))]
+            i += 1 if "=" in a else 2
+            continue
+        kept.append(a)
+        i += 1
+    return " ".join(["python tools/make_tiny_model.py", *map(shlex.quote, kept)])
 
 
 if __name__ == "__main__":

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+DEFAULT_COMMAND = "python tools/make_tiny_model.py"
+
 
 def write_card(out_dir: Path, info: dict) -> None:
     confusion_note = _confusion_note(info)
-    text = f"""# tiny_arith
+    command = info.get("command", DEFAULT_COMMAND)
+    if command == DEFAULT_COMMAND:
+        remake = f"{command}\n    {command} --rl-only   # a short GRPO-like check on the result"
+    else:
+        remake = (f"{command}\n    # a short GRPO-like check on the result:\n"
+                  f"    {DEFAULT_COMMAND} --rl-only --out {info['out']}")
+    text = f"""# {info.get("name", "tiny_arith")}
 
 A tiny character-level Llama ({info["params"]:,} parameters, float32) for siiRL's built-in
-arithmetic task. The default `siirl-train` job runs GRPO on it on a CPU to show learning.
-It is not useful for anything else.
-
+arithmetic task. {_job_note(info)}
 * Prompt: `"13+5="` (operands 0..20, `+` or `-`, subtraction only with a non-negative
   result), used verbatim: there is no chat template. Response: the answer, then EOS.
 * Tokenizer: one token per character; `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then the
   digits, `+-=`, space, `a`-`z` and some punctuation (uppercase is lowercased). No BOS is
   added. Left padding.
-* Model: `LlamaForCausalLM`, hidden {info["hidden"]}, {info["layers"]} layers, 4 heads,
+* Model: `LlamaForCausalLM`, hidden {info["hidden"]}, {info["layers"]} layers, {_heads(info)},
   intermediate {4 * info["hidden"]}, tied embeddings, vocab {info["vocab"]},
   max positions 64.
 
@@ -40,8 +46,7 @@ accuracy was in the window and sampled pass@8 was high: the right answer is usua
 
 Remake it (deterministic: seeded, one CPU thread; about 3 minutes):
 
-    python tools/make_tiny_model.py
-    python tools/make_tiny_model.py --rl-only   # a short GRPO-like check on the result
+    {remake}
 """
     (out_dir / "README.md").write_text(text)
 
@@ -53,3 +58,27 @@ def _confusion_note(info: dict) -> str:
             f"{info['confuse_rate']}`, second operand >= {info['confuse_min_b']}).\n")
 
 
+
+
+def _heads(info: dict) -> str:
+    heads = info.get("heads", 4)
+    kv = info.get("kv_heads", heads)
+    text = f"{heads} heads"
+    if kv != heads:
+        text += f" ({kv} key/value heads)"
+    return text
+
+
+def _job_note(info: dict) -> str:
+    """Who runs the model: the default job for tiny_arith (head dimension 16); a variant
+    with another head dimension says how to select it and why it exists."""
+    head_dim = info.get("head_dim", 16)
+    if head_dim == 16:
+        return ("The default `siirl-train` job runs GRPO on it on a CPU to show learning.\n"
+                "It is not useful for anything else.\n")
+    builtin = "builtin:" + info.get("name", "tiny_arith").replace("_", "-")
+    return (f"`siirl-train actor_rollout_ref.model.path={builtin}` runs GRPO on it.\n"
+            f"It is not useful for anything else.\n\n"
+            f"A variant of `tiny_arith` (the default job's model): the same recipe, tokenizer "
+            f"and task,\nwith {_heads(info)} of dimension {head_dim} instead of 4 of 16, "
+            f"since vLLM's CPU attention\nrefuses head dimensions below 32.\n")

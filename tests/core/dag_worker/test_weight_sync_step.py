@@ -41,3 +41,24 @@ def test_syncs_only_after_the_actor_weights_changed():
 def test_nothing_to_sync_without_both_ends():
     assert not RolloutWeightSync(Engines(actor=Actor())).needed()
     assert not RolloutWeightSync(Engines(actor=object(), rollout=Rollout())).needed()
+
+
+def test_a_rollout_without_the_policy_weights_is_synced_first():
+    actor, rollout = Actor(), Rollout()
+    rollout.needs_weights = True  # e.g. vLLM started from dummy weights
+    sync = RolloutWeightSync(Engines(actor=actor, rollout=rollout))
+    assert sync.needed()
+    metrics = sync.run()
+    rollout.needs_weights = False  # what a real rollout does once loaded
+    assert metrics["perf/weight_sync_mb"] == 16.0 / (1 << 20) and not sync.needed()
+
+
+def test_bucket_size_comes_from_the_rollout_config():
+    from omegaconf import OmegaConf
+
+    from siirl.dag_worker.weight_sync import BUCKET_BYTES, bucket_bytes_of
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+        "update_weights_bucket_megabytes": 8}}})
+    assert bucket_bytes_of(config) == 8 << 20
+    assert bucket_bytes_of(OmegaConf.create({})) == BUCKET_BYTES

@@ -104,7 +104,7 @@ def test_install_hint(group, name, package):
     assert install_hint(group, name) == f'pip install "{package}"'
 
 
-@pytest.mark.parametrize("group,name", [("siirl.rollouts", "vllm"), ("siirl.rollouts", "sglang"),
+@pytest.mark.parametrize("group,name", [("siirl.rollouts", "sglang"),
                                         ("siirl.environments", "libero"),
                                         ("siirl.pipelines", "x")])
 def test_no_pip_line_for_what_no_distribution_provides(group, name):
@@ -172,3 +172,7 @@ def test_conflicting_entry_points(monkeypatch):
         available("siirl.engines")
     msg = str(info.value)
     assert "dup" in msg and "pkg_a:f" in msg and "pkg_b:f" in msg
+
+
+def test_vllm_hint_names_the_extra():
+    assert "siirl-engine[vllm]" in install_hint("siirl.rollouts", "vllm")

@@ -28,7 +28,7 @@ from siirl.dag_worker.data_structures import NodeOutput, StepResult
 from siirl.dag_worker.engines import WorkerEngines, roles_needed
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
-from siirl.dag_worker.weight_sync import RolloutWeightSync
+from siirl.dag_worker.weight_sync import RolloutWeightSync, bucket_bytes_of
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -67,7 +67,7 @@ class DAGWorker:
         self.step_state: Dict[str, Any] = {}  # node scratch space for one training step
         self.global_step = 0
         self.engines = WorkerEngines(config, worker=self)
-        self.weight_sync = RolloutWeightSync(self.engines)
+        self.weight_sync = RolloutWeightSync(self.engines, bucket_bytes_of(config))
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()

@@ -5,7 +5,10 @@ moved) the rollout engine is handed the actor's weights as a stream of named-ten
 buckets (``actor.export_weights(bucket_bytes)`` -> ``rollout.load_weights(buckets)``).
 The worker runs it before each node and after the last one, so the rollout never
 generates with stale weights, and times it as ``timing_s/weight_sync`` (bytes moved:
-``weight_sync/bytes``; 0 when the rollout generates with the actor's own tensors).
+``weight_sync/bytes`` and ``perf/weight_sync_mb``; 0 when the rollout generates with the
+actor's own tensors). Buckets hold ``rollout.update_weights_bucket_megabytes``. A rollout
+that starts without the policy's weights (``needs_weights``, e.g. vLLM's dummy load
+format) is synced before it first generates.
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ import time
 from typing import Any, Dict
 
 BUCKET_BYTES = 64 << 20
+
+
+def bucket_bytes_of(config: Any) -> int:
+    """``rollout.update_weights_bucket_megabytes`` in bytes (the default when unset)."""
+    from omegaconf import OmegaConf
+
+    megabytes = OmegaConf.select(
+        config, "actor_rollout_ref.rollout.update_weights_bucket_megabytes", default=None) \
+        if OmegaConf.is_config(config) else None
+    return int(megabytes) << 20 if megabytes else BUCKET_BYTES
 
 
 class RolloutWeightSync:
@@ -32,7 +45,10 @@ class RolloutWeightSync:
 
     def needed(self) -> bool:
         pair = self._pair()
-        return pair is not None and getattr(pair[0], "weight_version", 0) != self.synced_version
+        if pair is None:
+            return False
+        return (getattr(pair[1], "needs_weights", False)
+                or getattr(pair[0], "weight_version", 0) != self.synced_version)
 
     def run(self) -> Dict[str, float]:
         """Sync now; the step's metrics."""
@@ -41,4 +57,5 @@ class RolloutWeightSync:
         moved = rollout.load_weights(actor.export_weights(self.bucket_bytes))
         self.synced_version = actor.weight_version
         return {"timing_s/weight_sync": time.perf_counter() - start,
-                "weight_sync/bytes": float(moved or 0)}
+                "weight_sync/bytes": float(moved or 0),
+                "perf/weight_sync_mb": float(moved or 0) / (1 << 20)}

@@ -230,7 +230,7 @@ class RolloutArguments:
     gpu_memory_utilization: float = 0.5
     ignore_eos: bool = False
     enforce_eager: bool = True
-    free_cache_engine: bool = True
+    free_cache_engine: bool | None = None  # null: on for GPUs (vLLM sleep mode), off on CPU
     load_format: str = "dummy_dtensor"
     layered_summon: bool = False
     tensor_model_parallel_size: int = field(

@@ -33,6 +33,8 @@ UID = "uid"  # non-tensor str: group id of the n samples of one prompt (str(samp
 PROMPTS = "prompts"  # long [B, P]: the prompt part of input_ids
 RESPONSES = "responses"  # long [B, R]: generated tokens, pad after EOS
 RESPONSE_MASK = "response_mask"  # float32 [B, R], 1 up to and including the first EOS
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # float32 [B, R]: the inference engine's log-probs
+#                                          of the sampled tokens (vllm), 0 on padding
 
 # --- reward (COMPUTE / REWARD, siirl.engine.reward_manager) ---------------------------
 TOKEN_LEVEL_SCORES = "token_level_scores"  # float32 [B, R]: the score on the last token

