@@ -61,7 +61,7 @@ def test_engine_arguments_follow_the_rollout_keys():
                       "actor_rollout_ref.rollout.enforce_eager=true", "trainer.seed=5",
                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.block_size=32")
     hf = LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
-                     num_hidden_layers=3, head_dim=32)
+                     num_hidden_layers=3, head_dim=32, max_position_embeddings=64)
     kwargs, max_len = vllm_engine.engine_kwargs(cfg, hf, "/m", "cpu")
     assert max_len == 24 and kwargs["max_model_len"] == 24
     assert kwargs["dtype"] == "float32" and kwargs["seed"] == 5 and kwargs["max_num_seqs"] == 32
@@ -73,6 +73,12 @@ def test_engine_arguments_follow_the_rollout_keys():
     assert "gpu_memory_utilization" not in kwargs
     gpu, _ = vllm_engine.engine_kwargs(cfg, hf, "/m", "cuda")
     assert gpu["gpu_memory_utilization"] == 0.5 and gpu["enable_sleep_mode"] is True
+
+
+def test_max_model_len_stops_at_the_model_positions():
+    cfg = rollout_cfg("data.max_prompt_length=512")
+    hf = LlamaConfig(max_position_embeddings=64)
+    assert vllm_engine.engine_kwargs(cfg, hf, "/m", "cpu")[1] == 64
 
 
 def test_short_max_model_len_is_refused():

@@ -21,7 +21,7 @@ from typing import Any, List, Optional
 from siirl.dag_worker.console import is_terminal, write_line
 
 LIBRARIES = ("megatron", "transformer_engine", "apex", "torch", "transformers",
-             "huggingface_hub", "accelerate", "tensordict")
+             "huggingface_hub", "accelerate", "tensordict", "vllm")
 _HF_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 
 

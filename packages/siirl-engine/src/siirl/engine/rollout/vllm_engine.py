@@ -30,11 +30,25 @@ _DUMMY_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
 _FILE_FORMATS = ("auto", "safetensors", "pt", "hf")
 
 
+def start_engine(kwargs: Dict[str, Any], model_path: Any) -> Any:
+    """``vllm.LLM(**kwargs)``; a failure becomes one message naming the model."""
+    vllm = import_vllm()
+    try:
+        return vllm.LLM(**kwargs)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        reason = " ".join(str(exc).split())[:600]
+        raise ConfigError(f"vLLM {vllm.__version__} could not start for "
+                          f"actor_rollout_ref.model.path={model_path!r}: {reason}") from exc
+
+
 def import_vllm() -> Any:
     """The ``vllm`` module, in-process (no engine-core subprocess), or a clear error."""
     # one engine per worker process, driven from it: vLLM's own engine-core process would
     # double the processes and need a copy of every weight update
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs every engine event at INFO and per-sync notices at WARNING to the console;
+    # only its errors here (VLLM_LOGGING_LEVEL=INFO brings its log back)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         import vllm
     except ImportError as exc:
@@ -119,10 +133,14 @@ def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
                           f"{', '.join(sorted(set(_DTYPES)))}")
     prompt = int(rollout.prompt_length or cfg.data.max_prompt_length)
     response = int(cfg.data.max_response_length or rollout.response_length)
-    max_len = int(rollout.max_model_len or prompt + response)
-    if max_len < prompt + response:
-        raise ConfigError(f"{ROLLOUT}.max_model_len={max_len} is shorter than a prompt plus "
-                          f"its response ({prompt} + {response})")
+    if rollout.max_model_len:
+        max_len = int(rollout.max_model_len)
+        if max_len < prompt + response:
+            raise ConfigError(f"{ROLLOUT}.max_model_len={max_len} is shorter than a prompt "
+                              f"plus its response ({prompt} + {response})")
+    else:  # no row can be longer than the model's positions: prompts are cut before that
+        positions = getattr(hf_config, "max_position_embeddings", None)
+        max_len = min(prompt + response, int(positions)) if positions else prompt + response
     max_seqs = int(rollout.max_num_seqs)
     kwargs: Dict[str, Any] = {
         "model": model_dir,

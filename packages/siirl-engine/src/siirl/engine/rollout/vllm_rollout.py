@@ -55,7 +55,7 @@ class VLLMRollout(RolloutBase):
         hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         vllm_engine.check_model(hf_config, model_path, self.device_type)
         kwargs, _ = vllm_engine.engine_kwargs(self.cfg, hf_config, model_dir, self.device_type)
-        return vllm_engine.import_vllm().LLM(**kwargs)
+        return vllm_engine.start_engine(kwargs, model_path)
 
     # -- sleep mode (CUDA): KV cache and weights freed while the trainer runs -------------
     def _sleep(self) -> None:
