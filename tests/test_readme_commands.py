@@ -27,7 +27,7 @@ def test_extras_named_exist():
     for project in (ROOT / "packages").glob("*/pyproject.toml"):
         meta = tomllib.loads(project.read_text())["project"]
         declared[meta["name"]] = set(meta.get("optional-dependencies", {}))
-    for dist, extra in set(re.findall(r"(siirl-\w+)\[(\w+)\]", README)):
+    for dist, extra in set(re.findall(r"(siirl-\w+)\[([\w-]+)\]", README)):
         assert extra in declared[dist], f"{dist}[{extra}]"
 
 

@@ -51,6 +51,10 @@ def _hf_rollout(config: Any, key: str) -> bool:
     return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
 
 
+def _vllm_rollout(config: Any, key: str) -> bool:
+    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "vllm"
+
+
 def _strategy_is(strategy_key: str, megatron: bool) -> Condition:
     return lambda config, key: (str(_get(config, strategy_key)) == "megatron") == megatron
 
@@ -251,19 +255,23 @@ RULES: Tuple[Rule, ...] = (
     *_megatron_rules("critic.megatron", "critic.strategy", "critic"),
     # -- rollout
     _na(_VLLM_KNOBS, "no effect with the hf rollout",
-        "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "
-        "(vLLM and SGLang land with issue 15).", _hf_rollout),
+        "vLLM engine settings; the hf rollout samples with the actor's own module "
+        "(rollout.name=vllm uses them).", _hf_rollout),
+    _na(tuple(f"{ROLLOUT}.{k}" for k in ("chat_scheduler", "layered_summon",
+                                         "multi_stage_wake_up")),
+        "no effect with the in-process vllm rollout",
+        "the vllm rollout runs one in-process engine per worker: no chat scheduler, and its "
+        "weights are loaded in place in one pass.", _vllm_rollout),
     _na(f"{ROLLOUT}.dtype", "no effect with the hf rollout",
         "the hf rollout samples with the actor's module, in the actor's dtype.", _hf_rollout),
     _na(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
         "the hf rollout takes prompts as the dataloader made them (data.max_prompt_length).",
         _hf_rollout),
     _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
-             "the hf rollout generates data.max_response_length tokens: set that instead.",
-             _hf_rollout),
+             "the rollouts generate data.max_response_length tokens: set that instead."),
     _refused(f"{ROLLOUT}.use_fire_sampling", "FIRE sampling is not implemented",
-             "FIRE sampling is not implemented by the hf rollout; it samples with "
-             "temperature, top_k and top_p.", _hf_rollout),
+             "FIRE sampling is not implemented; the rollouts sample with temperature, top_k "
+             "and top_p."),
     _na(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
         "the hf rollout samples with the training module itself, so its log-probs are the "
         "old_log_prob node's.", _hf_rollout),

@@ -95,10 +95,8 @@ class RolloutBase:
 
     def max_response_length(self) -> int:
         length = as_int(self.cfg.data.max_response_length)
-        length = length if length is not None else as_int(
-            self.cfg.actor_rollout_ref.rollout.response_length)
         if length is None:
-            raise ValueError("set data.max_response_length (or rollout.response_length)")
+            raise ValueError("set data.max_response_length")
         return length
 
     @staticmethod

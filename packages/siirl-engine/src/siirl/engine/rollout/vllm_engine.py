@@ -132,7 +132,7 @@ def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
         raise ConfigError(f"{ROLLOUT}.dtype={rollout.dtype!r} is not supported; use one of "
                           f"{', '.join(sorted(set(_DTYPES)))}")
     prompt = int(rollout.prompt_length or cfg.data.max_prompt_length)
-    response = int(cfg.data.max_response_length or rollout.response_length)
+    response = int(cfg.data.max_response_length)
     if rollout.max_model_len:
         max_len = int(rollout.max_model_len)
         if max_len < prompt + response:

@@ -6,8 +6,9 @@ weight-sync step: HF-named tensors streamed bucket by bucket into vLLM's in-plac
 (``reload_weights``), after which the prefix cache is dropped, since it holds keys and
 values of the old weights.
 
-Each response is its own request with its own seed (the row's noise key, as the ``hf``
-rollout keys its noise), so a prompt's samples do not depend on what else is in the batch.
+Each prompt is one request for its ``n`` samples (its prompt is prefilled once), seeded by
+the group's noise key (as the ``hf`` rollout keys its noise), so a prompt's samples do not
+depend on what else is in the batch.
 The sampled tokens' log-probs come back as ``rollout_log_probs`` (temperature applied, as
 the trainer computes its own).
 """
@@ -89,14 +90,15 @@ class VLLMRollout(RolloutBase):
         return moved[0]
 
     # -- generation -----------------------------------------------------------------------
-    def sampling_params(self, params: dict, width: int, eos_ids: list, keys: torch.Tensor
-                        ) -> list:
+    def sampling_params(self, params: dict, n: int, width: int, eos_ids: list,
+                        keys: torch.Tensor) -> list:
+        """One request per prompt for its ``n`` samples, seeded by the group's noise key."""
         from vllm import SamplingParams
 
         ignore_eos = bool(self.cfg.actor_rollout_ref.rollout.ignore_eos)
-        common = dict(max_tokens=width, logprobs=0, detokenize=False, ignore_eos=ignore_eos,
-                      stop_token_ids=list(eos_ids), top_p=params["top_p"],
-                      top_k=params["top_k"] if params["top_k"] > 0 else 0)
+        common = dict(n=n, max_tokens=width, logprobs=0, detokenize=False,
+                      ignore_eos=ignore_eos, stop_token_ids=list(eos_ids),
+                      top_p=params["top_p"], top_k=params["top_k"] if params["top_k"] > 0 else 0)
         if params["greedy"]:
             return [SamplingParams(temperature=0.0, **common)] * len(keys)
         return [SamplingParams(temperature=params["temperature"], seed=int(key) & _SEED_BITS,
@@ -113,19 +115,21 @@ class VLLMRollout(RolloutBase):
         eos_ids, pad_id = self.stop_ids(self.actor.module, self.actor.tokenizer)
         n = params.pop("n")
         out = self.repeat_prompts(batch, n)
-        keys = self.noise_keys(out, n)
+        group_keys = self.noise_keys(out, n)[::n]  # the first sample's key names its group
         prompts = [TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
-                   for row, mask in zip(out[INPUT_IDS], out[ATTENTION_MASK], strict=True)]
+                   for row, mask in zip(out[INPUT_IDS][::n], out[ATTENTION_MASK][::n],
+                                        strict=True)]
         self._wake()
         try:
-            results = self.llm.generate(prompts, self.sampling_params(params, width, eos_ids,
-                                                                      keys), use_tqdm=False)
+            results = self.llm.generate(
+                prompts, self.sampling_params(params, n, width, eos_ids, group_keys),
+                use_tqdm=False)
         finally:
             self._sleep()
-        tokens = torch.full((len(results), width), pad_id, dtype=torch.long)
-        log_probs = torch.zeros((len(results), width), dtype=torch.float32)
-        for row, result in enumerate(results):
-            sample = result.outputs[0]
+        samples = [sample for result in results for sample in result.outputs]
+        tokens = torch.full((len(samples), width), pad_id, dtype=torch.long)
+        log_probs = torch.zeros((len(samples), width), dtype=torch.float32)
+        for row, sample in enumerate(samples):
             ids = list(sample.token_ids)[:width]
             tokens[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             if sample.logprobs:
