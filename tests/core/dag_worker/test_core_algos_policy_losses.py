@@ -288,3 +288,31 @@ def test_value_loss_is_clipped(mode):
                                 loss_agg_mode=mode)
     _check(got, (0.5 * agg, clipped / len(CELLS)))
     assert 0 < clipped < len(CELLS)
+
+
+def test_truncated_importance_sampling_weighs_each_token():
+    """verl's tis_imp_ratio_cap: each token's loss times min(exp(old - rollout), cap)."""
+    torch.manual_seed(0)
+    old = torch.randn(3, 5) * 0.3
+    log_prob = (old + torch.randn(3, 5) * 0.05).requires_grad_()
+    rollout = old + torch.randn(3, 5) * 0.5
+    adv = torch.randn(3, 5)
+    mask = torch.ones(3, 5)
+    mask[2, 3:] = 0
+    cfg = {"tis_imp_ratio_cap": 1.5}
+    plain = ca.compute_policy_loss_vanilla(old, log_prob, adv, mask, "token-mean", {})[0]
+    off = ca.compute_policy_loss_vanilla(old, log_prob, adv, mask, "token-mean",
+                                         {"tis_imp_ratio_cap": -1}, rollout_log_probs=rollout)[0]
+    assert torch.equal(plain, off)  # cap <= 0: no weighting
+    got = ca.compute_policy_loss_vanilla(old, log_prob, adv, mask, "token-mean", cfg,
+                                         rollout_log_probs=rollout)[0]
+    weights = torch.exp(old - rollout).clamp(max=1.5)
+    assert float(weights.max()) == 1.5 and float(weights.min()) < 1.0  # both sides seen
+    ratio = torch.exp(log_prob - old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    per_token = torch.where(adv < 0, torch.minimum(-adv * 3.0, per_token), per_token)
+    want = (per_token * weights * mask).sum() / mask.sum()
+    assert torch.allclose(got, want, atol=1e-6)
+    got.backward()
+    assert log_prob.grad is not None  # the weights carry no gradient, the ratio does
+    assert not ca.tis_weights(old, rollout, 1.5).requires_grad

@@ -215,3 +215,16 @@ def test_help_marks_keys_that_are_not_read():
              .splitlines()[1:]}
     assert "[no effect with the hf rollout]" in lines["gpu_memory_utilization"]
     assert "[" not in lines["temperature"]  # read: no mark
+
+
+def test_truncated_importance_sampling_needs_vllm_and_the_vanilla_loss():
+    from siirl.errors import ConfigError
+    from siirl.params.key_support import check_key_support
+
+    tis = "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"
+    with pytest.raises(ConfigError, match="hf rollout samples with the trainer's own"):
+        check_key_support(parse_config([tis]))
+    with pytest.raises(ConfigError, match="vanilla PPO loss only"):
+        check_key_support(parse_config([tis, "actor_rollout_ref.rollout.name=vllm",
+                                        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]))
+    assert check_key_support(parse_config([tis, "actor_rollout_ref.rollout.name=vllm"])) == []

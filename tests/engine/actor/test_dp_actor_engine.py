@@ -279,3 +279,20 @@ def test_cosine_schedule_learns_run_length_from_trainer():
            .metrics["actor/lr"] for s in range(4)]
     assert lrs[0] == pytest.approx(0.0) and lrs[1] == pytest.approx(0.01)
     assert lrs[3] < lrs[2] < lrs[1]
+
+
+def test_truncated_importance_sampling_metrics_and_required_field():
+    """tis_imp_ratio_cap: the update needs rollout_log_probs and reports the ratio's mean
+    and the fraction of tokens capped."""
+    config = actor_config("actor_rollout_ref.actor.tis_imp_ratio_cap=1.05",
+                          "actor_rollout_ref.rollout.name=vllm")  # parsed only
+    engine = actor_engine(config)
+    batch = with_advantages(engine, rollout_batch(rows=4, seed=1))
+    with pytest.raises(DataError, match="rollout_log_probs"):
+        engine.update_policy(batch.clone())
+    # the engine that sampled gave each token 0.1 less log-prob than the trainer's old policy
+    batch.set("rollout_log_probs", (batch["old_log_probs"] - 0.1) * batch["response_mask"])
+    metrics = engine.update_policy(batch).metrics
+    assert metrics["actor/tis_ratio_mean"] == pytest.approx(torch.exp(torch.tensor(0.1)).item(),
+                                                            rel=1e-5)
+    assert metrics["actor/tis_capped_frac"] == pytest.approx(1.0)  # 1.105 > 1.05 everywhere

@@ -269,6 +269,15 @@ RULES: Tuple[Rule, ...] = (
         _hf_rollout),
     _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
              "the rollouts generate data.max_response_length tokens: set that instead."),
+    _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",
+             "truncated importance sampling weighs the trainer's log-probs against those of "
+             "the engine that sampled; the hf rollout samples with the trainer's own module. "
+             "Use it with rollout.name=vllm.", _hf_rollout),
+    _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs policy_loss.loss_mode=vanilla",
+             "truncated importance sampling is applied by the vanilla PPO loss only (as in "
+             "verl).", lambda config, key: str(_get(
+                 config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
+             != "vanilla"),
     _refused(f"{ROLLOUT}.use_fire_sampling", "FIRE sampling is not implemented",
              "FIRE sampling is not implemented; the rollouts sample with temperature, top_k "
              "and top_p."),

@@ -141,6 +141,9 @@ class ActorArguments:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual-clip lower bound
+    # truncated importance sampling between the rollout engine's and the trainer's
+    # log-probs (vllm rollout): each token's loss times min(exp(old - rollout), cap); <= 0 off
+    tis_imp_ratio_cap: float = -1.0
     policy_loss: PolicyLossArguments = field(default_factory=PolicyLossArguments)
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0

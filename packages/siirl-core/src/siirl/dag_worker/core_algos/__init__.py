@@ -66,6 +66,7 @@ from siirl.dag_worker.core_algos.policy_losses import (
     register_policy_loss,
     registered_agg_modes,
     registered_policy_losses,
+    tis_weights,
 )
 from siirl.dag_worker.core_algos.value import compute_value_loss
 
@@ -107,6 +108,7 @@ __all__ = [
     "register_agg_mode",
     "register_kl_estimator",
     "register_policy_loss",
+    "tis_weights",
     "registered_adv_estimators",
     "registered_agg_modes",
     "registered_kl_controllers",

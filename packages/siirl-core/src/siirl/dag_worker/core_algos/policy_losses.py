@@ -151,16 +151,27 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
+def tis_weights(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor,
+                cap: float) -> torch.Tensor:
+    """Truncated importance weights min(exp(old - rollout), cap), no gradient: the trainer's
+    old policy against the inference engine that sampled (verl's ``tis_imp_ratio_cap``)."""
+    log_ratio = torch.clamp(old_log_prob - rollout_log_probs, min=-20.0, max=20.0)
+    return torch.exp(log_ratio).clamp(max=cap).detach()
+
+
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                 advantages: torch.Tensor, response_mask: torch.Tensor,
-                                loss_agg_mode: str = "token-mean", config: Any = None):
+                                loss_agg_mode: str = "token-mean", config: Any = None,
+                                rollout_log_probs: Optional[torch.Tensor] = None):
     """PPO clipped surrogate with asymmetric clip range and dual clip (verl's definition).
 
     ratio = exp(log_prob - old_log_prob) (log-ratio clamped to [-20, 20] so exp cannot
     overflow); loss = max(-A*ratio, -A*clip(ratio, 1-low, 1+high)), and for A < 0 the
     loss is further capped at -A*clip_ratio_c (dual clip: a huge ratio on a negative
     advantage cannot dominate the update). Clip fractions and ppo_kl are token means.
+    With ``rollout_log_probs`` and ``tis_imp_ratio_cap`` > 0, each token's loss is
+    multiplied by its truncated importance weight (``tis_weights``).
     """
     low, high = _clip_ratios(config)
     clip_ratio_c = _dual_clip_c(config)
@@ -180,6 +191,9 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
     pg_clipfrac_lower = masked_mean(torch.gt(clip_losses, losses_dual).to(mask.dtype) * negative,
                                     mask)
     pg_losses = torch.where(advantages < 0, dual_clip_losses, clip_losses)
+    cap = float(select(config, "tis_imp_ratio_cap", -1.0) or -1.0)
+    if rollout_log_probs is not None and cap > 0:
+        pg_losses = pg_losses * tis_weights(old_log_prob, rollout_log_probs, cap)
     pg_loss = agg_loss(pg_losses, mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 

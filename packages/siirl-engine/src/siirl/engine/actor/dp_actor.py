@@ -23,13 +23,21 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from siirl.dag_worker.core_algos import agg_loss, agg_loss_units, get_policy_loss_fn, kl_penalty
+from siirl.dag_worker.core_algos import (
+    agg_loss,
+    agg_loss_units,
+    get_policy_loss_fn,
+    kl_penalty,
+    masked_mean,
+    tis_weights,
+)
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
     OLD_LOG_PROBS,
     REF_LOG_PROB,
     RESPONSE_MASK,
     RESPONSES,
+    ROLLOUT_LOG_PROBS,
 )
 from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
@@ -63,6 +71,7 @@ class PolicyLoss:
         self.use_kl = bool(cfg.use_kl_loss)
         self.kl_coef = float(cfg.kl_loss_coef)
         self.world_size, self.group = world_size, group
+        self.tis_cap = float(cfg.tis_imp_ratio_cap or -1.0)
 
     def bind(self, mini_batch: Any, num_micro: int, totals: Dict[str, float]) -> MicroLoss:
         mode = self.mode
@@ -75,11 +84,15 @@ class PolicyLoss:
         def loss_of(micro_batch: Any, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
             log_prob, entropy = outputs["log_probs"], outputs["entropy"]
             mask = micro_batch[RESPONSE_MASK].float()
+            old_log_prob = (log_prob.detach() if self.on_policy
+                            else micro_batch[OLD_LOG_PROBS])
+            tis = {}
+            if self.tis_cap > 0:  # the engine that sampled against the trainer's old policy
+                tis = {"rollout_log_probs": micro_batch[ROLLOUT_LOG_PROBS]}
             pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
-                old_log_prob=(log_prob.detach() if self.on_policy
-                              else micro_batch[OLD_LOG_PROBS]), log_prob=log_prob,
+                old_log_prob=old_log_prob, log_prob=log_prob,
                 advantages=micro_batch[ADVANTAGES], response_mask=mask,
-                loss_agg_mode=mode, config=self.cfg)
+                loss_agg_mode=mode, config=self.cfg, **tis)
             if self.entropy_coeff:
                 entropy_loss = agg_loss(entropy, mask, mode)
                 loss = pg_loss - self.entropy_coeff * entropy_loss
@@ -104,6 +117,14 @@ class PolicyLoss:
                     ("ppo_kl", ppo_kl, fraction_weight),
                     ("pg_clipfrac_lower", clipfrac_lower, fraction_weight)):
                 totals[f"actor/{key}"] += float(value.detach()) * weight
+            if tis:
+                weights = tis_weights(old_log_prob, tis["rollout_log_probs"], self.tis_cap)
+                ratio = torch.exp(torch.clamp(old_log_prob - tis["rollout_log_probs"],
+                                              -20.0, 20.0))
+                totals["actor/tis_ratio_mean"] += float(masked_mean(ratio, mask)) * \
+                    fraction_weight
+                totals["actor/tis_capped_frac"] += float(masked_mean(
+                    (weights < ratio).to(mask.dtype), mask)) * fraction_weight
             return loss * share * dp_scale
 
         return loss_of
@@ -164,6 +185,8 @@ class DataParallelPPOActor(UpdatingRole):
                 batch.set(OLD_LOG_PROBS, self.compute_log_prob(batch)[0])
         use_kl = bool(self.config.use_kl_loss)
         keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
+        if float(self.config.tis_imp_ratio_cap or -1.0) > 0:
+            keys += (ROLLOUT_LOG_PROBS,)
         if on_policy:
             keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
