@@ -42,17 +42,18 @@ def save_model(path) -> None:
 
 def sync(actor, *rollouts) -> None:
     for rollout in rollouts:  # each export is a TP collective: same order on every rank
-        assert rollout.load_weights(actor.export_weights(1 << 20)) > 0
+        assert rollout.load_weights(actor.export_weights(1 << 16)) > 0  # ~12 buckets
 
 
-def check(config, actor, vllm, hf) -> torch.Tensor:
+def check(actor, vllm, hf) -> torch.Tensor:
     """vLLM's greedy responses equal hf's; its log-probs equal the actor's (TP 2)."""
     from siirl.data_coordinator.fields import ROLLOUT_LOG_PROBS
 
     batch = prompts(actor.tokenizer, TEXTS)
     got = vllm.generate(batch.clone(), validate=True).batch
     want = hf.generate(batch.clone(), validate=True).batch
-    assert torch.equal(got["responses"], want["responses"])
+    assert torch.equal(got["responses"], want["responses"]), (got["responses"],
+                                                              want["responses"])
     assert torch.equal(got["response_mask"], want["response_mask"])
     assert got["response_mask"].sum() > len(TEXTS)  # not all stop at once
     own = actor.compute_log_prob(got.clone()).batch["old_log_probs"]
@@ -98,15 +99,14 @@ def rank_main(rank: int, port: int, model_dir: str) -> None:
     hf = HFRollout(config=config, peers={"actor": actor})
     assert vllm.needs_weights  # dummy weights until the first sync
     sync(actor, vllm, hf)
-    before = check(config, actor, vllm, hf)
+    before = check(actor, vllm, hf)
     train(actor, vllm, hf, 1)
-    check(config, actor, vllm, hf)
+    check(actor, vllm, hf)
     train(actor, vllm, hf, 2)
-    after = check(config, actor, vllm, hf)
+    after = check(actor, vllm, hf)
     # lr 0.01 for 3 steps moves a random model's greedy log-probs: the sync is not a no-op
-    assert before.shape != after.shape or not torch.allclose(before, after)
-    dist.barrier()
-    dist.destroy_process_group()
+    assert not torch.allclose(before, after)
+    dist.barrier()  # vLLM's exit hook tears its groups and the default group down
 
 
 def free_port() -> int:

@@ -29,6 +29,16 @@ from siirl.engine.rollout.base import RolloutBase, postprocess_responses
 _SEED_BITS = (1 << 63) - 1
 
 
+def tied_weights(module: Any) -> dict:
+    """``{tied name: source name}`` of an HF model (e.g. lm_head.weight ->
+    model.embed_tokens.weight when the embeddings are tied)."""
+    ties = dict(getattr(module, "all_tied_weights_keys", None) or {})
+    config = getattr(module, "config", None)
+    if not ties and getattr(config, "tie_word_embeddings", False):
+        ties = {"lm_head.weight": "model.embed_tokens.weight"}
+    return ties
+
+
 class VLLMRollout(RolloutBase):
     """Rollout engine ``vllm``: ``generate(batch, validate=False) -> NodeOutput``."""
 
@@ -73,12 +83,21 @@ class VLLMRollout(RolloutBase):
     def load_weights(self, buckets: Iterable[Bucket]) -> int:
         """Stream the named tensors into the engine's model in place; the bytes loaded."""
         moved = [0]
+        # a tied head goes with its source tensor: megatron's export leaves it out, and
+        # vLLM re-processes a layer (its CPU LM head keeps a packed copy) only when that
+        # layer's own weights arrive
+        ties = tied_weights(self.actor.module)
+        sources = {source: target for target, source in ties.items()}
 
         def named() -> Iterator[Tuple[str, torch.Tensor]]:
             for bucket in buckets:  # gathered bucket by bucket, as vLLM consumes them
                 for name, tensor in bucket:
                     moved[0] += tensor.numel() * tensor.element_size()
+                    if name in ties:
+                        continue  # sent with its source
                     yield name, tensor
+                    if name in sources:
+                        yield sources[name], tensor
 
         self._wake()
         try:
