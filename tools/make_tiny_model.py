@@ -95,13 +95,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(tok, hidden: int, layers: int, heads: int = 4,
-                kv_heads: int | None = None) -> LlamaForCausalLM:
-    """``hidden / heads`` is the head dimension (the default 64 / 4 = 16)."""
+def build_model(tok, hidden: int, layers: int, heads: int = 4, kv_heads: int | None = None,
+                head_dim: int | None = None) -> LlamaForCausalLM:
+    """The head dimension is ``head_dim``, or ``hidden / heads`` (the default 64 / 4 = 16)."""
     kv_heads = heads if kv_heads is None else kv_heads
-    if hidden % heads or heads % kv_heads:
-        raise SystemExit(f"--hidden {hidden} must be a multiple of --heads {heads}, and "
-                         f"--heads a multiple of --kv-heads {kv_heads}")
+    if (head_dim is None and hidden % heads) or heads % kv_heads:
+        raise SystemExit(f"--hidden {hidden} must be a multiple of --heads {heads} (or set "
+                         f"--head-dim), and --heads a multiple of --kv-heads {kv_heads}")
+    extra = {} if head_dim is None else {"head_dim": head_dim}
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden,
@@ -116,6 +117,7 @@ def build_model(tok, hidden: int, layers: int, heads: int = 4,
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
+        **extra,
     )
     return LlamaForCausalLM(cfg)
 
@@ -235,6 +237,8 @@ def main(argv=None) -> None:
                     help="attention heads (head dimension = hidden / heads)")
     ap.add_argument("--kv-heads", type=int, default=None,
                     help="key/value heads (grouped-query attention); default: --heads")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help="attention head dimension; default: --hidden / --heads")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -262,6 +266,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.kv_heads is None:
         args.kv_heads = args.heads
+    head_dim = args.head_dim or args.hidden // args.heads
 
     t0 = time.time()
     torch.set_num_threads(1)
@@ -282,7 +287,8 @@ def main(argv=None) -> None:
         return
 
     tok = build_tokenizer()
-    model = build_model(tok, args.hidden, args.layers, args.heads, args.kv_heads)
+    model = build_model(tok, args.hidden, args.layers, args.heads, args.kv_heads,
+                        args.head_dim)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vocab {len(tok)}, params {n_params:,}, train {len(train)}, held-out {len(val)}")
     steps = pretrain(model, tok, train, val, args, log)
@@ -308,7 +314,7 @@ def main(argv=None) -> None:
     info = dict(
         name=out.name, command=_command(argv), out=_shown_path(out),
         params=n_params, hidden=args.hidden, layers=args.layers, heads=args.heads,
-        kv_heads=args.kv_heads, head_dim=args.hidden // args.heads, vocab=len(tok),
+        kv_heads=args.kv_heads, head_dim=head_dim, vocab=len(tok),
         seed=args.seed, steps=steps, lr=args.lr, wd=args.wd, batch_size=args.batch_size,
         confuse_rate=args.confuse_rate, confuse_min_b=args.confuse_min_b,
         n_problems=len(train) + len(val), n_val=len(val), greedy_val=round(greedy_val, 4),

@@ -11,6 +11,12 @@ import shlex
 import sys
 
 
+def _interpreter() -> str:
+    """The venv's python as the README names it (``.venv/bin/python``, ``.venv-vllm/...``)."""
+    venv = os.path.basename(sys.prefix)
+    return f"{venv}/bin/python" if venv.startswith(".venv") else "python"
+
+
 def run_facts(argv: list | None = None) -> dict:
     """Date, command line, machine and library versions of this run."""
     import torch
@@ -19,7 +25,7 @@ def run_facts(argv: list | None = None) -> dict:
     args = sys.argv[1:] if argv is None else list(argv)
     return {
         "date": datetime.date.today().isoformat(),
-        "command": shlex.join([".venv/bin/python", script, *args]),
+        "command": shlex.join([_interpreter(), script, *args]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"
                    + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""),
         "python": platform.python_version(),

@@ -98,6 +98,23 @@ def sampler_section() -> list:
                   [f"{label}: {_source(result)}" for label, result in rows])
 
 
+def vllm_rollout_section() -> list:
+    result = _load("rollout")
+    if not result:
+        return []
+    methods, ratios = result["methods"], result["ratios"]
+    lines = [f"| {name} | {m['median_s'] * 1e3:.1f} ms | {m['tokens_per_s']:,.0f} |"
+             for name, m in methods.items()]
+    return _table(f"**The vllm rollout** (`tools/bench/rollout.py`, vLLM {result['vllm']}: "
+                  f"{result['model']}, {result['prompts']} prompts x {result['n']} samples, "
+                  f"{result['new_tokens']} new tokens, the same engine called directly and "
+                  "through the rollout node, alternating in one process; medians): the node "
+                  f"gets **{ratios['vllm node / standalone vllm']:.2f}** of standalone vLLM's "
+                  "tokens/s (on this 3-layer model vLLM's per-step engine work outweighs the "
+                  "model, so the hf rollout is faster here):",
+                  ["method", "per batch", "tokens/s"], lines, [_source(result)])
+
+
 def startup_section() -> list:
     result = _load("startup")
     if not result:
@@ -156,7 +173,8 @@ def scaling_section() -> list:
                   lines, [_source(result)])
 
 
-SECTIONS: list = [step_section, sampler_section, startup_section, databuffer_section,
+SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
+                  databuffer_section,
                   scaling_section]
 
 

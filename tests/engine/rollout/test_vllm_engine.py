@@ -1,7 +1,13 @@
 """The vllm rollout's start-up checks and engine settings (no vLLM needed): refused
-settings, a model vLLM's CPU kernel cannot run, the missing install, the LLM arguments."""
+settings, a model vLLM's CPU kernel cannot run, the missing install, the LLM arguments,
+the server mode's command line and the life of its process group (with a stand-in server)."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 from transformers import LlamaConfig
@@ -20,13 +26,15 @@ def rollout_cfg(*overrides):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.mode=async", "server mode is not implemented"),
+    ("actor_rollout_ref.rollout.mode=batch", "use sync .* or server"),
+    ("actor_rollout_ref.rollout.server_timeout_s=0", "must be positive"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "one engine per worker"),
     ("actor_rollout_ref.rollout.free_cache_engine=true", "only CUDA has"),
     ("actor_rollout_ref.rollout.load_format=megatron", "is not supported"),
 ])
 def test_unsupported_settings_fail_at_start(override, message):
-    cfg = rollout_cfg(override)
+    cfg = rollout_cfg(override, "actor_rollout_ref.rollout.mode=server") \
+        if "server_timeout_s" in override else rollout_cfg(override)
     with pytest.raises(ConfigError, match=message):
         vllm_engine.check_settings(cfg.actor_rollout_ref.rollout, "cpu")
 
@@ -85,3 +93,65 @@ def test_short_max_model_len_is_refused():
     cfg = rollout_cfg("actor_rollout_ref.rollout.max_model_len=10")
     with pytest.raises(ConfigError, match="shorter than a prompt plus its response"):
         vllm_engine.engine_kwargs(cfg, LlamaConfig(), "/m", "cpu")
+
+
+@pytest.mark.parametrize("mode, server", [("sync", False), ("server", True), ("async", True)])
+def test_server_mode_is_accepted_with_async_as_its_verl_name(mode, server):
+    rollout = rollout_cfg(f"actor_rollout_ref.rollout.mode={mode}").actor_rollout_ref.rollout
+    vllm_engine.check_settings(rollout, "cpu")
+    assert vllm_engine.server_mode(rollout) is server
+    assert rollout.server_timeout_s == 300.0
+
+
+def test_server_command_line_follows_the_engine_arguments():
+    from siirl.engine.rollout.vllm_server import server_args
+
+    args = server_args({"model": "/m", "dtype": "float32", "enforce_eager": True,
+                        "enable_chunked_prefill": False, "swap_space": None,
+                        "kv_cache_memory_bytes": 1 << 24, "compilation_config": {"mode": 0}})
+    assert args[:2] == ["--model", "/m"]
+    assert "--enforce-eager" in args and "--no-enable-chunked-prefill" in args
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 24)
+    assert args[args.index("--compilation-config") + 1] == '{"mode": 0}'
+    assert "--swap-space" not in args  # None: vLLM's default
+    assert args[args.index("--worker-extension-cls") + 1].endswith("vllm_server.WeightLoader")
+
+
+STAND_IN = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from siirl.engine.rollout.vllm_server import VLLMServer
+
+    class StandIn(VLLMServer):  # a static HTTP server: GET /health is a file
+        def command(self):
+            return [sys.executable, "-m", "http.server", str(self.port), "--bind",
+                    "127.0.0.1", "--directory", sys.argv[1]]
+
+    server = StandIn([], 30, Path(sys.argv[1]) / "server.log")
+    server.start()
+    print(server.proc.pid, flush=True)
+    if sys.argv[2] == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def group_gone(pgid, within_s):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the watchdog needs process_group")
+@pytest.mark.parametrize("how", ["exits", "killed"])
+def test_server_process_group_ends_with_the_worker(tmp_path, how):
+    """Stopped at the worker's exit (finalizer), or by the watchdog when it is killed."""
+    (tmp_path / "health").write_text("ok")
+    worker = subprocess.run([sys.executable, "-c", STAND_IN, str(tmp_path), how],
+                            capture_output=True, text=True, timeout=60)
+    assert worker.stdout.strip(), worker.stderr
+    assert group_gone(int(worker.stdout.split()[0]), within_s=10)

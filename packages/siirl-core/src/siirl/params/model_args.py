@@ -221,7 +221,8 @@ class RolloutArguments:
         default="hf", metadata={"help": "Rollout engine: a name in the siirl.rollouts plugin "
                                         "group (siirl-train --help lists the installed ones)."}
     )
-    mode: str = "sync"  # sync | async
+    mode: str = "sync"  # sync | server (= async): vllm's in-process engine or vllm serve
+    server_timeout_s: float = 300.0  # mode=server: seconds for the vLLM server to be healthy
     chat_scheduler: str | None = None
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_k: int = -1  # -1 disables top-k

@@ -1,9 +1,10 @@
-"""Building the in-process vLLM engine of the ``vllm`` rollout from the run's config.
+"""Building the vLLM engine of the ``vllm`` rollout from the run's config.
 
-Every worker owns its engine (``vllm.LLM`` in the worker's own process, no central
-generation server), created once at set-up. Settings vLLM cannot honour here, a model it
-cannot run and a missing install all fail then, before any step, naming the key, the model
-or the extra to install.
+Every worker owns its engine, created once at set-up: ``vllm.LLM`` in the worker's own
+process (``rollout.mode=sync``), or a ``vllm serve`` process of its own started with the
+same settings (``mode=server``, see ``vllm_server``); no central generation server.
+Settings vLLM cannot honour here, a model it cannot run and a missing install all fail
+then, before any step, naming the key, the model or the extra to install.
 """
 
 from __future__ import annotations
@@ -85,12 +86,24 @@ def check_model(hf_config: Any, model_path: Any, device_type: str) -> None:
                           f"(the architecture of {model_path!r}); use rollout.name=hf")
 
 
+_MODES = {"sync": False, "server": True, "async": True}  # mode -> runs a vllm serve process
+
+
+def server_mode(rollout: Any) -> bool:
+    """``rollout.mode`` is ``server`` (or verl's ``async``): one ``vllm serve`` per worker."""
+    return _MODES.get(str(rollout.mode or "sync").lower(), False)
+
+
 def check_settings(rollout: Any, device_type: str) -> None:
     """Refuse rollout settings this release of the vllm rollout does not honour."""
     mode = str(rollout.mode or "sync").lower()
-    if mode != "sync":
-        raise ConfigError(f"{ROLLOUT}.mode={rollout.mode!r}: the vllm rollout runs in-process "
-                          "(mode=sync); server mode is not implemented yet")
+    if mode not in _MODES:
+        raise ConfigError(f"{ROLLOUT}.mode={rollout.mode!r} is not supported; use sync (an "
+                          "in-process engine per worker) or server (a vllm serve process per "
+                          "worker; verl's async is the same)")
+    if server_mode(rollout) and float(rollout.server_timeout_s) <= 0:
+        raise ConfigError(f"{ROLLOUT}.server_timeout_s={rollout.server_timeout_s} must be "
+                          "positive (seconds the vLLM server gets to answer /health)")
     if int(rollout.tensor_model_parallel_size or 1) != 1:
         raise ConfigError(f"{ROLLOUT}.tensor_model_parallel_size="
                           f"{rollout.tensor_model_parallel_size}: the in-process vllm rollout "

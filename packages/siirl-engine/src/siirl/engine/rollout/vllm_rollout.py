@@ -11,10 +11,15 @@ the group's noise key (as the ``hf`` rollout keys its noise), so a prompt's samp
 depend on what else is in the batch.
 The sampled tokens' log-probs come back as ``rollout_log_probs`` (temperature applied, as
 the trainer computes its own).
+
+``rollout.mode=server`` (verl's ``async``) keeps all of this but runs the engine as a
+``vllm serve`` process of the worker's (``vllm_server.ServerEngine``), driven over HTTP.
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Tuple
 
 import torch
@@ -51,6 +56,7 @@ class VLLMRollout(RolloutBase):
         rollout = self.cfg.actor_rollout_ref.rollout
         self.device_type = resolve_device(self.cfg).type
         vllm_engine.check_settings(rollout, self.device_type)
+        self.server_mode = vllm_engine.server_mode(rollout)
         self.free_cache = vllm_engine.free_cache(rollout, self.device_type)
         # dummy weights until the first sync: the worker syncs before the first generate
         self.needs_weights = vllm_engine.starts_with_dummy_weights(rollout)
@@ -58,7 +64,7 @@ class VLLMRollout(RolloutBase):
         self._asleep = False
         self._sleep()
 
-    def _start(self) -> Any:
+    def _engine_kwargs(self) -> dict:
         from transformers import AutoConfig
 
         model_path = self.cfg.actor_rollout_ref.model.path
@@ -66,7 +72,25 @@ class VLLMRollout(RolloutBase):
         hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         vllm_engine.check_model(hf_config, model_path, self.device_type)
         kwargs, _ = vllm_engine.engine_kwargs(self.cfg, hf_config, model_dir, self.device_type)
-        return vllm_engine.start_engine(kwargs, model_path)
+        return kwargs
+
+    def _start(self) -> Any:
+        if not self.server_mode:
+            return vllm_engine.start_engine(self._engine_kwargs(),
+                                            self.cfg.actor_rollout_ref.model.path)
+        from siirl.engine.rollout.vllm_server import ServerEngine
+
+        kwargs = self._engine_kwargs()
+        run_dir = self.cfg.trainer.default_local_dir
+        log_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="siirl-vllm-"))
+        rank = int(getattr(self.worker, "rank", 0) or 0)
+        return ServerEngine(kwargs, float(self.cfg.actor_rollout_ref.rollout.server_timeout_s),
+                            log_dir / f"vllm_server_rank{rank}.log")
+
+    def close(self) -> None:
+        """Stop the server of the server mode (else a no-op: the engine is in-process)."""
+        if self.server_mode:
+            self.llm.close()
 
     # -- sleep mode (CUDA): KV cache and weights freed while the trainer runs -------------
     def _sleep(self) -> None:
@@ -101,31 +125,47 @@ class VLLMRollout(RolloutBase):
 
         self._wake()
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named()})
-            self.llm.reset_prefix_cache()  # cached keys/values came from the old weights
+            if self.server_mode:  # files the server loads in place; its cache dropped
+                self.llm.reload_weights(named())
+            else:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named()})
+                self.llm.reset_prefix_cache()  # cached keys/values came from the old weights
         finally:
             self._sleep()
         self.needs_weights = False
         return moved[0]
 
     # -- generation -----------------------------------------------------------------------
-    def sampling_params(self, params: dict, n: int, width: int, eos_ids: list,
-                        keys: torch.Tensor) -> list:
-        """One request per prompt for its ``n`` samples, seeded by the group's noise key."""
-        from vllm import SamplingParams
-
+    def request_fields(self, params: dict, n: int, width: int, eos_ids: list,
+                       keys: torch.Tensor) -> list:
+        """Sampling settings of the one request per prompt (for its ``n`` samples), seeded
+        by the group's noise key; the names of vLLM's ``SamplingParams`` and its HTTP API."""
         ignore_eos = bool(self.cfg.actor_rollout_ref.rollout.ignore_eos)
-        common = dict(n=n, max_tokens=width, logprobs=0, detokenize=False,
-                      ignore_eos=ignore_eos, stop_token_ids=list(eos_ids),
-                      top_p=params["top_p"], top_k=params["top_k"] if params["top_k"] > 0 else 0)
+        common = dict(n=n, max_tokens=width, logprobs=0, ignore_eos=ignore_eos,
+                      stop_token_ids=list(eos_ids), top_p=params["top_p"],
+                      top_k=params["top_k"] if params["top_k"] > 0 else 0)
         if params["greedy"]:
-            return [SamplingParams(temperature=0.0, **common)] * len(keys)
-        return [SamplingParams(temperature=params["temperature"], seed=int(key) & _SEED_BITS,
-                               **common) for key in keys.tolist()]
+            return [dict(temperature=0.0, **common) for _ in range(len(keys))]
+        return [dict(temperature=params["temperature"], seed=int(key) & _SEED_BITS, **common)
+                for key in keys.tolist()]
 
-    def generate(self, batch: Any, validate: bool = False) -> NodeOutput:
+    def _sample(self, prompts: list, requests: list) -> list:
+        """``[(token ids, their log-probs or None)]``: the samples of every prompt in order."""
+        if self.server_mode:
+            return self.llm.sample(prompts, requests)
+        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                    [SamplingParams(detokenize=False, **r) for r in requests],
+                                    use_tqdm=False)
+        return [(list(sample.token_ids),
+                 [position[token].logprob for position, token
+                  in zip(sample.logprobs, sample.token_ids, strict=True)]
+                 if sample.logprobs else None)
+                for result in results for sample in result.outputs]
+
+    def generate(self, batch: Any, validate: bool = False) -> NodeOutput:
         if self.needs_weights:
             raise RuntimeError("the vllm rollout still holds dummy weights: the worker's "
                                "weight sync must run before the first generate")
@@ -135,26 +175,20 @@ class VLLMRollout(RolloutBase):
         n = params.pop("n")
         out = self.repeat_prompts(batch, n)
         group_keys = self.noise_keys(out, n)[::n]  # the first sample's key names its group
-        prompts = [TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
+        prompts = [row[mask.bool()].tolist()
                    for row, mask in zip(out[INPUT_IDS][::n], out[ATTENTION_MASK][::n],
                                         strict=True)]
         self._wake()
         try:
-            results = self.llm.generate(
-                prompts, self.sampling_params(params, n, width, eos_ids, group_keys),
-                use_tqdm=False)
+            samples = self._sample(
+                prompts, self.request_fields(params, n, width, eos_ids, group_keys))
         finally:
             self._sleep()
-        samples = [sample for result in results for sample in result.outputs]
-        tokens = torch.full((len(samples), width), pad_id, dtype=torch.long)
-        log_probs = torch.zeros((len(samples), width), dtype=torch.float32)
-        for row, sample in enumerate(samples):
-            ids = list(sample.token_ids)[:width]
-            tokens[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            if sample.logprobs:
-                chosen = zip(sample.logprobs[:len(ids)], ids, strict=True)
-                log_probs[row, :len(ids)] = torch.tensor(
-                    [position[token].logprob for position, token in chosen])
+        # padded Python lists, then one tensor each: a tensor per row costs more than vLLM
+        tokens = torch.tensor([ids[:width] + [pad_id] * (width - len(ids[:width]))
+                               for ids, _ in samples], dtype=torch.long).view(-1, width)
+        log_probs = torch.tensor([(lps or [])[:width] + [0.0] * (width - len((lps or [])[:width]))
+                                  for _, lps in samples], dtype=torch.float32).view(-1, width)
         responses, response_mask = postprocess_responses(tokens, width, eos_ids, pad_id)
         self.finish(out, responses, response_mask)
         out.set(ROLLOUT_LOG_PROBS, log_probs * response_mask)
