@@ -5,11 +5,14 @@
     python tools/make_tiny_model.py --rl-only    # only that check, on the saved model
 
 A variant with other dimensions goes to another ``--out`` (its model card records the
-command). ``siirl/engine/assets/tiny_arith_hd32`` ("builtin:tiny-arith-hd32") is the same
-recipe with 2 heads of dimension 32, which vLLM's CPU attention accepts (it refuses
-tiny_arith's head dimension 16)::
+command). ``siirl/engine/assets/tiny_arith_hd32`` ("builtin:tiny-arith-hd32") has 2 heads of
+dimension 32, which vLLM's CPU attention accepts (it refuses tiny_arith's head dimension 16).
+How far the default GRPO job takes it depends a lot on the seed and settings: over 9 builds
+in the window (seeds 1, 2, 5, 8, 9; --wd 0.3; --lr 5e-3; --batch-size 32 with seeds 1, 5)
+its best validation accuracy ranged from 0.58 to 0.805. This one (seed 1, batch 32) goes
+from 0.36 to 0.805 (0.78 at the end), about as far as tiny_arith (0.325 to 0.815)::
 
-    python tools/make_tiny_model.py --heads 2 \
+    python tools/make_tiny_model.py --heads 2 --seed 1 --batch-size 32 \
         --out packages/siirl-engine/src/siirl/engine/assets/tiny_arith_hd32
 
 The task is the one the default ``siirl-train`` job uses: the prompt is ``"13+5="`` (two

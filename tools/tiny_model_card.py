@@ -79,6 +79,7 @@ def _job_note(info: dict) -> str:
     builtin = "builtin:" + info.get("name", "tiny_arith").replace("_", "-")
     return (f"`siirl-train actor_rollout_ref.model.path={builtin}` runs GRPO on it.\n"
             f"It is not useful for anything else.\n\n"
-            f"A variant of `tiny_arith` (the default job's model): the same recipe, tokenizer "
+            f"A variant of `tiny_arith` (the default job's model): the same builder, tokenizer "
             f"and task,\nwith {_heads(info)} of dimension {head_dim} instead of 4 of 16, "
-            f"since vLLM's CPU attention\nrefuses head dimensions below 32.\n")
+            f"since vLLM's CPU attention\nrefuses head dimensions below 32 (its other settings "
+            f"are in the command below).\n")
