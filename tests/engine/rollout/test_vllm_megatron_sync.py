@@ -20,24 +20,10 @@ import torch.multiprocessing as mp
 pytest.importorskip("vllm", reason="vLLM is not installed (tools/setup.sh --vllm)")
 pytest.importorskip("megatron.core")
 
-from test_vllm_rollout import TEXTS, prompts, run_config  # noqa: E402
+from test_vllm_rollout import TEXTS, prompts, run_config, save_random_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
 DEADLINE = 240  # seconds for both ranks: start-up, 3 steps and 3 checks
-
-
-def save_model(path) -> None:
-    """A random Llama with head_dim 32 (vLLM's CPU minimum) and the tiny-arith tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from siirl.engine.models.loader import tiny_arith_dir
-
-    source = LlamaConfig.from_pretrained(tiny_arith_dir())
-    config = LlamaConfig(**{**source.to_dict(), "num_attention_heads": 2,
-                            "num_key_value_heads": 2, "head_dim": 32})
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_arith_dir()).save_pretrained(path)
 
 
 def sync(actor, *rollouts) -> None:
@@ -116,7 +102,7 @@ def free_port() -> int:
 
 
 def test_vllm_matches_hf_after_syncs_from_megatron_tp2(tmp_path):
-    save_model(tmp_path)
+    save_random_model(tmp_path)
     context = mp.start_processes(rank_main, args=(free_port(), str(tmp_path)), nprocs=2,
                                  join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE

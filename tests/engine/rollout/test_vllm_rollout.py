@@ -25,16 +25,20 @@ pytestmark = pytest.mark.vllm
 RESPONSE = 6
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def save_random_model(path) -> None:
     """A random Llama with head_dim 32 (vLLM's CPU minimum) and the tiny-arith tokenizer."""
-    path = tmp_path_factory.mktemp("hd32")
     source = LlamaConfig.from_pretrained(tiny_arith_dir())
     config = LlamaConfig(**{**source.to_dict(), "num_attention_heads": 2,
                             "num_key_value_heads": 2, "head_dim": 32})
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny_arith_dir()).save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hd32")
+    save_random_model(path)
     return path
 
 

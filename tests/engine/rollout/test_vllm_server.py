@@ -19,8 +19,9 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (tools/setup.sh --vllm)")
 
+from test_vllm_rollout import prompts  # noqa: E402
+
 from siirl.data_coordinator.fields import ROLLOUT_LOG_PROBS  # noqa: E402
-from siirl.data_coordinator.protocol import make_batch  # noqa: E402
 from siirl.engine.fsdp.engines import fsdp_actor  # noqa: E402
 from siirl.engine.rollout import vllm_server  # noqa: E402
 from siirl.engine.rollout.hf_rollout import HFRollout  # noqa: E402
@@ -61,19 +62,6 @@ def run_config(run_dir, *overrides):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.entropy_coeff=0", *overrides])
-
-
-def prompts(tokenizer, texts):
-    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return make_batch({"input_ids": ids, "attention_mask": mask,
-                       "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-                       "sample_id": torch.arange(len(rows))})
 
 
 def sync(actor, rollout):
