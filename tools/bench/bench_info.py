@@ -1,5 +1,6 @@
 """What a benchmark's JSON records about where and how it ran (for the README's speed
-section: every number there names its machine, date and command)."""
+section: every number there names its machine, date and command), and the batches its
+rounds take from a dataloader."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def write_result(result: dict, out: str, argv: list | None = None) -> None:
     with open(out, "w") as handle:
         json.dump(result, handle, indent=2)
     print(f"\nwrote {out}")
+
+
+def batches(loader, count: int):
+    """``count`` batches of ``loader``, starting it over whenever it runs out."""
+    it = iter(loader)
+    for _ in range(count):
+        try:
+            yield next(it)
+        except StopIteration:
+            it = iter(loader)
+            yield next(it)

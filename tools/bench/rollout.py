@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from bench_info import write_result  # tools/bench is on sys.path when run as a script
+from bench_info import batches, write_result  # tools/bench is on sys.path when run as a script
 
 METHODS = ("standalone vllm", "vllm node", "hf node")
 RATIOS = {"vllm node / standalone vllm": ("vllm node", "standalone vllm"),
@@ -145,14 +145,8 @@ def run(args, overrides: list) -> dict:
 
     with tempfile.TemporaryDirectory() as run_dir:
         config, llm, node, hf_node, loader = setup(run_dir, args, overrides)
-        batches, rounds = iter(loader), []
-        for index in range(args.rounds):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                batch = next(batches)
-            rounds.append(one_round(llm, node, hf_node, batch, index))
+        rounds = [one_round(llm, node, hf_node, batch, index)
+                  for index, batch in enumerate(batches(loader, args.rounds))]
     n = int(config.actor_rollout_ref.rollout.n)
     result = {"model": str(config.actor_rollout_ref.model.path),
               "prompts": int(config.data.train_batch_size), "n": n,

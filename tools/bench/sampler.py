@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from bench_info import write_result  # tools/bench is on sys.path when run as a script
+from bench_info import batches, write_result  # tools/bench is on sys.path when run as a script
 
 METHODS = ("generate", "reference", "sampler", "rollout node")
 
@@ -114,14 +114,8 @@ def run(args, overrides: list) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         config, model, _, loader, engine = setup(run_dir, args, overrides)
         n = int(config.actor_rollout_ref.rollout.n)
-        batches = iter(loader)
         rounds, identical = [], 0
-        for index in range(args.rounds):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                batch = next(batches)
+        for index, batch in enumerate(batches(loader, args.rounds)):
             seconds, tokens, same = one_round(model, engine, batch, n, index)
             identical += same
             rounds.append((seconds, tokens))

@@ -10,7 +10,6 @@ Assertions run inside the ranks; a failure there fails the test with the rank's 
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -21,6 +20,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (tools/setup.sh --vllm
 pytest.importorskip("megatron.core")
 
 from test_vllm_rollout import TEXTS, prompts, run_config, save_random_model  # noqa: E402
+
+from siirl.execution.scheduler.process_group_manager import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
 DEADLINE = 240  # seconds for both ranks: start-up, 3 steps and 3 checks
@@ -93,12 +94,6 @@ def rank_main(rank: int, port: int, model_dir: str) -> None:
     # lr 0.01 for 3 steps moves a random model's greedy log-probs: the sync is not a no-op
     assert not torch.allclose(before, after)
     dist.barrier()  # vLLM's exit hook tears its groups and the default group down
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_vllm_matches_hf_after_syncs_from_megatron_tp2(tmp_path):

@@ -93,6 +93,7 @@ def assert_matches_hf(config, actor, rollout):
     mask = got["response_mask"]
     assert (got[ROLLOUT_LOG_PROBS] * (1 - mask)).abs().max() == 0  # 0 on padding
     assert (got[ROLLOUT_LOG_PROBS] - own * mask).abs().max() < 1e-3
+    return got
 
 
 def train_steps(config, actor, rollout, count):

@@ -19,12 +19,11 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (tools/setup.sh --vllm)")
 
-from test_vllm_rollout import prompts  # noqa: E402
+from test_vllm_rollout import TEXTS, assert_matches_hf, prompts  # noqa: E402
 
 from siirl.data_coordinator.fields import ROLLOUT_LOG_PROBS  # noqa: E402
 from siirl.engine.fsdp.engines import fsdp_actor  # noqa: E402
 from siirl.engine.rollout import vllm_server  # noqa: E402
-from siirl.engine.rollout.hf_rollout import HFRollout  # noqa: E402
 from siirl.engine.rollout.vllm_rollout import VLLMRollout  # noqa: E402
 from siirl.engine.rollout.vllm_server import (  # noqa: E402
     MARKER_ENV,
@@ -35,7 +34,6 @@ from siirl.params.parser import parse_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[3]
-TEXTS = ["13+5=", "2+2=", "20-7=", "9-9=", "4+11="]
 
 
 def server_pids(log_path) -> list:
@@ -66,20 +64,6 @@ def run_config(run_dir, *overrides):
 
 def sync(actor, rollout):
     return rollout.load_weights(actor.export_weights(1 << 16))  # several buckets
-
-
-def assert_matches_hf(config, actor, rollout):
-    batch = prompts(actor.tokenizer, TEXTS)
-    got = rollout.generate(batch.clone(), validate=True).batch  # greedy (val_kwargs)
-    want = HFRollout(config=config, peers={"actor": actor}).generate(
-        batch.clone(), validate=True).batch
-    assert torch.equal(got["responses"], want["responses"])
-    assert torch.equal(got["response_mask"], want["response_mask"])
-    own = actor.compute_log_prob(got.clone()).batch["old_log_probs"]
-    mask = got["response_mask"]
-    assert (got[ROLLOUT_LOG_PROBS] * (1 - mask)).abs().max() == 0
-    assert (got[ROLLOUT_LOG_PROBS] - own * mask).abs().max() < 1e-3
-    return got
 
 
 def test_grpo_runs_four_steps_against_a_vllm_server(tmp_path):

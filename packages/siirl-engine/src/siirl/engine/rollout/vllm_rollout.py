@@ -34,6 +34,12 @@ from siirl.engine.rollout.base import RolloutBase, postprocess_responses
 _SEED_BITS = (1 << 63) - 1
 
 
+def _padded(values: list, width: int, fill: Any) -> list:
+    """``values`` cut or filled with ``fill`` to exactly ``width`` items."""
+    values = list(values[:width])
+    return values + [fill] * (width - len(values))
+
+
 def tied_weights(module: Any) -> dict:
     """``{tied name: source name}`` of an HF model (e.g. lm_head.weight ->
     model.embed_tokens.weight when the embeddings are tied)."""
@@ -185,10 +191,10 @@ class VLLMRollout(RolloutBase):
         finally:
             self._sleep()
         # padded Python lists, then one tensor each: a tensor per row costs more than vLLM
-        tokens = torch.tensor([ids[:width] + [pad_id] * (width - len(ids[:width]))
-                               for ids, _ in samples], dtype=torch.long).view(-1, width)
-        log_probs = torch.tensor([(lps or [])[:width] + [0.0] * (width - len((lps or [])[:width]))
-                                  for _, lps in samples], dtype=torch.float32).view(-1, width)
+        tokens = torch.tensor([_padded(ids, width, pad_id) for ids, _ in samples],
+                              dtype=torch.long).view(-1, width)
+        log_probs = torch.tensor([_padded(lps or [], width, 0.0) for _, lps in samples],
+                                 dtype=torch.float32).view(-1, width)
         responses, response_mask = postprocess_responses(tokens, width, eos_ids, pad_id)
         self.finish(out, responses, response_mask)
         out.set(ROLLOUT_LOG_PROBS, log_probs * response_mask)

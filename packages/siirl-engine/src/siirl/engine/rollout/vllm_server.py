@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from siirl.errors import SiirlError
+from siirl.execution.scheduler.process_group_manager import free_port
 
 SERVED_NAME = "siirl-rollout"
 LOG_TAIL_LINES = 8
@@ -107,12 +107,6 @@ class WeightLoader:
                         yield name, tensors.get_tensor(name)
 
         self.reload_weights(weights_iterator=named())
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_args(kwargs: Dict[str, Any]) -> List[str]:
