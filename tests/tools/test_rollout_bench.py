@@ -25,8 +25,9 @@ def test_valid_count_stops_at_and_includes_the_first_eos():
 
 
 def one_round(seconds, tokens):
-    def named(values):
-        return dict(zip(bench.METHODS, values, strict=True))
+    def named(values):  # (standalone, node, hf): the seed-per-call node as the node
+        standalone, node, hf = values
+        return dict(zip(bench.METHODS, (standalone, node, node, hf), strict=True))
 
     return {"seconds": named(seconds), "cpu_seconds": named(seconds), "tokens": named(tokens)}
 
@@ -38,7 +39,7 @@ def test_summary_skips_the_warmup_and_takes_medians_of_per_round_ratios():
               one_round((2.0, 2.0, 1.0), (100, 100, 100))]
     summary = bench.summarize(rounds)
     assert summary["rounds_measured"] == 3
-    standalone, node, hf = (summary["methods"][name] for name in bench.METHODS)
+    standalone, node, _, hf = (summary["methods"][name] for name in bench.METHODS)
     assert standalone["median_s"] == 1.0 and node["median_s"] == 2.0 and hf["median_s"] == 1.0
     assert standalone["tokens_per_s"] == 100.0  # median of 100, 100, 50 tokens/s
     assert node["tokens_per_s"] == 50.0 and node["median_tokens"] == 100

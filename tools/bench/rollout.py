@@ -11,7 +11,9 @@ config (``siirl.engine.rollout.vllm_engine``) and gets the fsdp actor's weights 
 round takes the next batch and runs, in a rotating order,
 - standalone vllm: that ``LLM``'s ``generate`` of the prompts' token ids, called as a vLLM
   user would (one request per prompt with ``n`` samples, log-probs of the sampled tokens);
-- vllm node: ``VLLMRollout.generate`` of the batch on the same ``LLM``;
+- vllm node: ``VLLMRollout.generate`` of the batch on the same ``LLM`` (the default: one
+  seed per prompt);
+- vllm node, seed per call: the same with ``rollout.seed_per_prompt=false``;
 - hf node: ``HFRollout.generate`` of the batch with the same actor.
 The first round warms up. Prints median seconds per batch (wall and process CPU), median
 valid tokens/s (up to and including EOS, of each method's own samples) and the median
@@ -22,6 +24,7 @@ per-round tokens/s ratios vllm node / standalone vllm and vllm node / hf node; w
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -29,8 +32,10 @@ import time
 
 from bench_info import batches, write_result  # tools/bench is on sys.path when run as a script
 
-METHODS = ("standalone vllm", "vllm node", "hf node")
+SEED_PER_CALL = "vllm node, seed per call"
+METHODS = ("standalone vllm", "vllm node", SEED_PER_CALL, "hf node")
 RATIOS = {"vllm node / standalone vllm": ("vllm node", "standalone vllm"),
+          f"{SEED_PER_CALL} / standalone vllm": (SEED_PER_CALL, "standalone vllm"),
           "vllm node / hf node": ("vllm node", "hf node")}
 DEFAULT_MODEL = "builtin:tiny-arith-hd32"
 FIXED = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32"]
@@ -93,15 +98,20 @@ def setup(run_dir: str, args, overrides: list):
         vllm_engine.engine_kwargs(config, hf_config, model_dir, device)[0], model_path)
     node = VLLMRollout(config=config, peers={"actor": actor}, llm=llm)
     node.load_weights(actor.export_weights(DEFAULT_BUCKET_BYTES))  # dummy start: sync once
+    per_call = copy.deepcopy(config)
+    per_call.actor_rollout_ref.rollout.seed_per_prompt = False
+    per_call_node = VLLMRollout(config=per_call, peers={"actor": actor}, llm=llm)
+    per_call_node.needs_weights = False  # the engine it shares has the weights
     hf_node = HFRollout(config=config, peers={"actor": actor})
     loader, _ = build_dataloaders(config, actor.tokenizer, 0, 1)
-    return config, llm, node, hf_node, loader
+    return config, llm, (node, per_call_node), hf_node, loader
 
 
-def one_round(llm, node, hf_node, batch, rotate: int) -> dict:
+def one_round(llm, nodes, hf_node, batch, rotate: int) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    node, per_call_node = nodes
     params = node.sampling(False)
     width = node.max_response_length()
     eos_ids, _ = node.stop_ids(node.actor.module, node.actor.tokenizer)
@@ -111,7 +121,7 @@ def one_round(llm, node, hf_node, batch, rotate: int) -> dict:
     sampling = SamplingParams(n=params["n"], temperature=params["temperature"],
                               max_tokens=width, logprobs=0, detokenize=False,
                               stop_token_ids=list(eos_ids))
-    inputs = {"vllm node": batch.clone(), "hf node": batch.clone()}  # not timed
+    inputs = {name: batch.clone() for name in METHODS[1:]}  # not timed
     out = {}
 
     def standalone():
@@ -120,10 +130,13 @@ def one_round(llm, node, hf_node, batch, rotate: int) -> dict:
     def vllm_node():
         out["vllm node"] = node.generate(inputs["vllm node"]).batch
 
+    def per_call():
+        out[SEED_PER_CALL] = per_call_node.generate(inputs[SEED_PER_CALL]).batch
+
     def hf():
         out["hf node"] = hf_node.generate(inputs["hf node"]).batch
 
-    runs = dict(zip(METHODS, (standalone, vllm_node, hf), strict=True))
+    runs = dict(zip(METHODS, (standalone, vllm_node, per_call, hf), strict=True))
     order = METHODS[rotate % len(METHODS):] + METHODS[:rotate % len(METHODS)]
     seconds, cpu_seconds = {}, {}
     for name in order:
@@ -134,7 +147,7 @@ def one_round(llm, node, hf_node, batch, rotate: int) -> dict:
     tokens = {"standalone vllm": sum(valid_count(sample.token_ids, eos_ids, width)
                                      for result in out["standalone vllm"]
                                      for sample in result.outputs)}
-    for name in ("vllm node", "hf node"):
+    for name in METHODS[1:]:
         tokens[name] = int(out[name]["response_mask"].sum().item())
     return {"order": list(order), "seconds": seconds, "cpu_seconds": cpu_seconds,
             "tokens": tokens}
@@ -144,8 +157,8 @@ def run(args, overrides: list) -> dict:
     import torch
 
     with tempfile.TemporaryDirectory() as run_dir:
-        config, llm, node, hf_node, loader = setup(run_dir, args, overrides)
-        rounds = [one_round(llm, node, hf_node, batch, index)
+        config, llm, nodes, hf_node, loader = setup(run_dir, args, overrides)
+        rounds = [one_round(llm, nodes, hf_node, batch, index)
                   for index, batch in enumerate(batches(loader, args.rounds))]
     n = int(config.actor_rollout_ref.rollout.n)
     result = {"model": str(config.actor_rollout_ref.model.path),
@@ -163,9 +176,9 @@ def report(result: dict) -> None:
     print(f"{result['model']}: {result['prompts']} prompts x {result['n']} samples, "
           f"{result['new_tokens']} new tokens, temperature {result['temperature']}, "
           f"{result['torch_threads']} torch thread(s), {result['rounds_measured']} rounds")
-    print(f"{'method':<18}{'median s':>11}{'cpu s':>11}{'tokens':>9}{'tokens/s':>11}")
+    print(f"{'method':<26}{'median s':>11}{'cpu s':>11}{'tokens':>9}{'tokens/s':>11}")
     for name, row in result["methods"].items():
-        print(f"{name:<18}{row['median_s']:>11.4f}{row['median_cpu_s']:>11.4f}"
+        print(f"{name:<26}{row['median_s']:>11.4f}{row['median_cpu_s']:>11.4f}"
               f"{row['median_tokens']:>9.0f}{row['tokens_per_s']:>11.0f}")
     for label, value in result["ratios"].items():
         print(f"tokens/s {label}: {value:.2f} (median per round)")

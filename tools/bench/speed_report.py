@@ -110,8 +110,11 @@ def vllm_rollout_section() -> list:
                   f"{result['new_tokens']} new tokens, the same engine called directly and "
                   "through the rollout node, alternating in one process; medians): the node "
                   f"gets **{ratios['vllm node / standalone vllm']:.2f}** of standalone vLLM's "
-                  "tokens/s (on this 3-layer model vLLM's per-step engine work outweighs the "
-                  "model, so the hf rollout is faster here):",
+                  "tokens/s with a seed per prompt (the default; vLLM's per-request "
+                  "generators cost the difference), "
+                  f"**{ratios['vllm node, seed per call / standalone vllm']:.2f}** with "
+                  "`rollout.seed_per_prompt=false` (on this 3-layer model vLLM's per-step "
+                  "engine work outweighs the model, so the hf rollout is faster here):",
                   ["method", "per batch", "tokens/s"], lines, [_source(result)])
 
 

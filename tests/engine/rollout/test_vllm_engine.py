@@ -31,10 +31,12 @@ def rollout_cfg(*overrides):
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "one engine per worker"),
     ("actor_rollout_ref.rollout.free_cache_engine=true", "only CUDA has"),
     ("actor_rollout_ref.rollout.load_format=megatron", "is not supported"),
+    ("actor_rollout_ref.rollout.seed_per_prompt=false", "in-process engine only"),
 ])
 def test_unsupported_settings_fail_at_start(override, message):
+    server = "server_timeout_s" in override or "seed_per_prompt" in override
     cfg = rollout_cfg(override, "actor_rollout_ref.rollout.mode=server") \
-        if "server_timeout_s" in override else rollout_cfg(override)
+        if server else rollout_cfg(override)
     with pytest.raises(ConfigError, match=message):
         vllm_engine.check_settings(cfg.actor_rollout_ref.rollout, "cpu")
 

@@ -143,3 +143,25 @@ def test_samples_are_keyed_per_row(engines):
     width = alone["responses"].shape[1]
     assert torch.equal(both["responses"][:2, :width], alone["responses"])
     assert both.batch_size[0] == 4 and both["uid"] is not None
+
+
+def test_one_seed_per_call_repeats_and_leaves_the_rng_alone(engines):
+    """seed_per_prompt=false: unseeded requests, the call's RNG seeded from its keys."""
+    _, actor, rollout = engines
+    if rollout.needs_weights:
+        sync(actor, rollout)
+    settings = rollout.cfg.actor_rollout_ref.rollout
+    settings.seed_per_prompt = False
+    try:
+        runs, states = [], []
+        for _ in range(2):
+            rollout._calls = (-1, 0)  # the same step and call: the same keys
+            state = torch.get_rng_state()
+            runs.append(rollout.generate(prompts(actor.tokenizer, TEXTS)).batch["responses"])
+            states.append(torch.equal(state, torch.get_rng_state()))
+        rollout._calls = (0, 5)  # another call of the step: other keys, other noise
+        other = rollout.generate(prompts(actor.tokenizer, TEXTS)).batch["responses"]
+    finally:
+        settings.seed_per_prompt = True
+    assert torch.equal(runs[0], runs[1]) and all(states)
+    assert not torch.equal(runs[0], other)

@@ -146,7 +146,8 @@ _VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
     "mode", "chat_scheduler", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
     "load_format", "layered_summon", "max_num_batched_tokens", "max_model_len",
     "disable_log_stats", "enable_chunked_prefill", "multi_stage_wake_up",
-    "update_weights_bucket_megabytes", "engine_kwargs", "server_timeout_s"))
+    "update_weights_bucket_megabytes", "engine_kwargs", "server_timeout_s",
+    "seed_per_prompt"))
 _REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
     "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
     "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",

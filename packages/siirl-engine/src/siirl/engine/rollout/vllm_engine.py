@@ -104,6 +104,10 @@ def check_settings(rollout: Any, device_type: str) -> None:
     if server_mode(rollout) and float(rollout.server_timeout_s) <= 0:
         raise ConfigError(f"{ROLLOUT}.server_timeout_s={rollout.server_timeout_s} must be "
                           "positive (seconds the vLLM server gets to answer /health)")
+    if server_mode(rollout) and not rollout.seed_per_prompt:
+        raise ConfigError(f"{ROLLOUT}.seed_per_prompt=false applies to the in-process engine "
+                          "only (one seed per generate call); the server mode seeds each "
+                          "prompt's request: leave it true or use mode=sync")
     if int(rollout.tensor_model_parallel_size or 1) != 1:
         raise ConfigError(f"{ROLLOUT}.tensor_model_parallel_size="
                           f"{rollout.tensor_model_parallel_size}: the in-process vllm rollout "
