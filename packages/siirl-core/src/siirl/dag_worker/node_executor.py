@@ -7,6 +7,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict
 
+from siirl.dag_worker import activity
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.errors import PipelineError, SiirlError
 from siirl.execution.dag.func_ref import (
@@ -87,7 +88,8 @@ class NodeExecutor:
         kwargs = _accepted_kwargs(func, {"node": node, "worker": self.worker})
         start = time.perf_counter()
         try:
-            output = func(batch, config=config, **kwargs)
+            with activity.running(f"node '{node.node_id}'"):
+                output = func(batch, config=config, **kwargs)
         except SiirlError as exc:  # already user-facing: add which node it came from
             exc.args = (f"node '{node.node_id}': {exc}",) + exc.args[1:]
             raise

@@ -18,6 +18,7 @@ from typing import List, Optional
 
 from siirl.dag_worker import startup
 from siirl.errors import ConfigError, SiirlError
+from siirl.launch import signals
 from siirl.launch.config import format_config, load_config
 from siirl.launch.job import run
 from siirl.plugins import GROUPS, available
@@ -106,6 +107,7 @@ def parse_argv(argv: List[str]) -> dict:
 def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:  # this process is the command (not a caller's): tune its start-up
         startup.relax()
+        signals.handle_sigterm()
     argv = sys.argv[1:] if argv is None else argv
     show_traceback = os.environ.get("SIIRL_TRACEBACK", "") not in ("", "0") or \
         "--traceback" in argv
@@ -137,9 +139,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             " (--traceback shows the full traceback)"
         print(f"siirl-train: error: {exc}{hint}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    except KeyboardInterrupt:
-        print("siirl-train: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = signals.terminated(exc)
+        print(f"siirl-train: {'terminated' if terminated else 'interrupted'}; the last "
+              "committed checkpoint is kept", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 def _print(text: str) -> int:

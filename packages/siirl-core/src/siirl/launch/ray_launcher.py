@@ -8,7 +8,11 @@ From then on it only waits: it never receives batch data, only rank 0's metric h
 
 Failure: the first worker that raises or dies ends the job. The driver kills the other
 workers (which may be blocked in a collective with the dead one) and raises
-:class:`WorkerFailedError` naming the worker's rank, pid and host with its traceback.
+:class:`WorkerFailedError` naming the worker's rank, pid and host with its traceback. A
+worker that dies makes its peers' collectives fail too: of the failures that arrive within
+``FAILURE_SETTLE_S``, a death is reported before a peer's error. A worker that stops
+responding (stopped, hung) is found by its heartbeats (``siirl.launch.heartbeat``) after
+``trainer.heartbeat_timeout_s`` and reported the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from siirl.dag_worker import startup
 from siirl.errors import ConfigError, SiirlError, WorkerFailedError
 from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
+from siirl.launch import signals
+from siirl.launch.heartbeat import CHECK_S, describe
 
 PLACEMENT_TIMEOUT_S = 120
 LOG_FLUSH_S = 1.0
+FAILURE_SETTLE_S = 3.0  # a dead worker's peers may fail first: wait for its death too
 
 
 def _start_ray(config: Any, num_workers: int) -> bool:
@@ -112,10 +119,56 @@ def _record_workers(config: Any, infos: List[dict]) -> None:
         [{k: info[k] for k in ("rank", "pid", "node_ip")} for info in infos], indent=1))
 
 
+def _first_failure(failed: dict, infos: List[dict]) -> SiirlError:
+    """The failure to report among ``{rank: exception}``: a worker that died before the
+    peers whose collectives then failed, else the lowest rank's."""
+    from ray.exceptions import RayActorError
+
+    died = [rank for rank, exc in failed.items() if isinstance(exc, RayActorError)]
+    rank = min(died) if died else min(failed)
+    return _failure(failed[rank], infos[rank])
+
+
+def _wait(pending: dict, infos: List[dict], monitor: Any, heartbeat_timeout_s: float
+          ) -> Optional[list]:
+    """Wait for every worker's ``run``; rank 0's result. The first failure, or a worker
+    silent past the heartbeat timeout, raises."""
+    import ray
+
+    history = None
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=CHECK_S)
+        if not ready:
+            silent = ray.get(monitor.silent.remote(heartbeat_timeout_s), timeout=60)
+            if silent:
+                raise WorkerFailedError(
+                    f"{describe(silent[0])} (trainer.heartbeat_timeout_s="
+                    f"{heartbeat_timeout_s:g}); the job was stopped", silent[0]["rank"])
+            continue
+        rank = pending.pop(ready[0])
+        try:
+            result = ray.get(ready[0])
+        except Exception as exc:  # a failure ends the job: gather the ones it causes
+            failed = {rank: exc}
+            more, _ = ray.wait(list(pending), num_returns=len(pending),
+                               timeout=FAILURE_SETTLE_S)
+            for ref in more:
+                try:
+                    ray.get(ref)
+                except Exception as other:
+                    failed[pending[ref]] = other
+            raise _first_failure(failed, infos) from None
+        if rank == 0:
+            history = result
+    time.sleep(LOG_FLUSH_S)  # let Ray forward the workers' last log lines
+    return history
+
+
 def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     import ray
 
     from siirl.execution.device import device_kind
+    from siirl.launch.heartbeat import HeartbeatMonitor
     from siirl.launch.worker_process import WorkerProcess
 
     started_at = startup.process_started()
@@ -124,6 +177,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     if device not in ("auto", "cpu"):
         device_kind(config)  # validates the name
     started = _start_ray(config, num_workers)
+    signals.reinstall()
     actors, groups = [], []
     try:
         # auto: GPU workers when the cluster has GPUs (the driver itself may have none)
@@ -146,22 +200,14 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
         _record_workers(config, infos)
         group_ranks = [list(a.group_ranks) or list(range(num_workers)) for a in plan]
         master = infos[0]
+        monitor = ray.remote(num_cpus=0)(HeartbeatMonitor).remote()
+        actors.append(monitor)  # killed with the workers
         pending = {actor.run.remote(master["node_ip"], master["port"], plan[rank].graph,
-                                    group_ranks, started_at): rank
-                   for rank, actor in enumerate(actors)}
+                                    group_ranks, started_at, monitor): rank
+                   for rank, actor in enumerate(actors[:num_workers])}
         startup.settle()  # this process only waits from here on
-        history = None
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            rank = pending.pop(ready[0])
-            try:
-                result = ray.get(ready[0])
-            except Exception as exc:  # the first failure ends the job
-                raise _failure(exc, infos[rank]) from None
-            if rank == 0:
-                history = result
-        time.sleep(LOG_FLUSH_S)  # let Ray forward the workers' last log lines
-        return history
+        return _wait(pending, infos, monitor,
+                     float(select(config, "trainer.heartbeat_timeout_s", 120.0)))
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)

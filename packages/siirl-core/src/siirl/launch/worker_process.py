@@ -33,9 +33,25 @@ class WorkerProcess:
 
     def run(self, master_addr: str, master_port: int, graph: Any,
             group_ranks: Sequence[Sequence[int]],
-            started_at: Optional[float] = None) -> Optional[List[dict]]:
+            started_at: Optional[float] = None, monitor: Any = None) -> Optional[List[dict]]:
         """Train to the end; rank 0 returns the metric history (small dicts only).
-        ``started_at``: when the job started (the driver's start, ``time.time()``)."""
+        ``started_at``: when the job started (the driver's start, ``time.time()``);
+        ``monitor``: the job's heartbeat monitor actor (``siirl.launch.heartbeat``)."""
+        from siirl.launch.heartbeat import Beater
+
+        built: dict = {}  # the DAGWorker once built: its step goes with each heartbeat
+        beater = Beater(monitor, self.rank,
+                        lambda: getattr(built.get("worker"), "global_step", None))
+        if monitor is not None:
+            beater.start()
+        try:
+            return self._run(master_addr, master_port, graph, group_ranks, started_at, built)
+        finally:
+            beater.stop()
+
+    def _run(self, master_addr: str, master_port: int, graph: Any,
+             group_ranks: Sequence[Sequence[int]], started_at: Optional[float],
+             built: dict) -> Optional[List[dict]]:
         from siirl.dag_worker.collective import WorkerComm
         from siirl.dag_worker.dagworker import DAGWorker
         from siirl.dag_worker.engines import roles_needed
@@ -62,6 +78,7 @@ class WorkerProcess:
         comm = WorkerComm(self.rank, self.world_size, groups.world_control)
         worker = DAGWorker(graph, self.config, rank=groups.group_rank,
                            world_size=groups.group_size, comm=comm, process_groups=groups)
+        built["worker"] = worker
         history = Trainer(worker, started_at=started_at).fit()
         shutdown_distributed()  # only after success: a failed peer would never answer
         return history if self.rank == 0 else None

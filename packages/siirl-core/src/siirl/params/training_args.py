@@ -145,4 +145,9 @@ class TrainerArguments:
         metadata={"help": "Seconds a collective (gloo/NCCL) may wait for a peer before the "
                           "worker fails instead of hanging."},
     )
+    heartbeat_timeout_s: float = field(
+        default=120.0,
+        metadata={"help": "Seconds a worker of a multi-worker job may go without a heartbeat "
+                          "(stopped, hung) before the job stops naming it."},
+    )
     seed: int = 1  # siiRL: global random seed
