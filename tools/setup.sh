@@ -23,7 +23,7 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "torch==${SIIRL_TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -r requirements-dev.txt \
-    -e packages/siirl-data -e packages/siirl-core -e "$engine" -e packages/siirl-envs
+    -e packages/siirl-data -e packages/siirl-core -e "$engine" -e "packages/siirl-envs[gym]"
 if [[ "$venv" == .venv-vllm ]]; then
     "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
 else

@@ -34,7 +34,8 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.rollouts": {"hf": "siirl-engine", "vllm": "siirl-engine[vllm]"},
     "siirl.reward_managers": {name: "siirl-engine" for name in
                               ("naive", "batch", "parallel", "dapo")},
-    "siirl.environments": {},
+    "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
+                           "frozen_lake": "siirl-envs[gym]"},
     "siirl.pipelines": {name: "siirl-core" for name in ("grpo", "ppo", "dapo", "embodied")},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
