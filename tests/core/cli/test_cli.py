@@ -175,4 +175,4 @@ def test_help_lists_only_installed_plugins():
     for group in GROUPS:
         line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(group))
         assert all(name in line for name in available(group)), line
-    assert "sglang" not in proc.stdout  # not built: never advertised
+    assert "trtllm" not in proc.stdout  # no distribution registers it: never advertised

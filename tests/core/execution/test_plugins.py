@@ -104,7 +104,7 @@ def test_install_hint(group, name, package):
     assert install_hint(group, name) == f'pip install "{package}"'
 
 
-@pytest.mark.parametrize("group,name", [("siirl.rollouts", "sglang"),
+@pytest.mark.parametrize("group,name", [("siirl.rollouts", "trtllm"),
                                         ("siirl.environments", "libero"),
                                         ("siirl.pipelines", "x")])
 def test_no_pip_line_for_what_no_distribution_provides(group, name):
@@ -176,3 +176,7 @@ def test_conflicting_entry_points(monkeypatch):
 
 def test_vllm_hint_names_the_extra():
     assert "siirl-engine[vllm]" in install_hint("siirl.rollouts", "vllm")
+
+
+def test_sglang_hint_names_the_extra():
+    assert install_hint("siirl.rollouts", "sglang") == 'pip install "siirl-engine[sglang]"'

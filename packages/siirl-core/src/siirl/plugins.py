@@ -31,7 +31,8 @@ GROUPS: Dict[str, str] = {
 # (tests check this against their pyproject.toml files); only these get a pip hint.
 PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.engines": {"fsdp": "siirl-engine", "megatron": "siirl-engine[megatron]"},
-    "siirl.rollouts": {"hf": "siirl-engine", "vllm": "siirl-engine[vllm]"},
+    "siirl.rollouts": {"hf": "siirl-engine", "vllm": "siirl-engine[vllm]",
+                       "sglang": "siirl-engine[sglang]"},
     "siirl.reward_managers": {name: "siirl-engine" for name in
                               ("naive", "batch", "parallel", "dapo")},
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",

@@ -51,8 +51,8 @@ def _hf_rollout(config: Any, key: str) -> bool:
     return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
 
 
-def _vllm_rollout(config: Any, key: str) -> bool:
-    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "vllm"
+def _engine_rollout(config: Any, key: str) -> bool:
+    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() in ("vllm", "sglang")
 
 
 def _strategy_is(strategy_key: str, megatron: bool) -> Condition:
@@ -256,13 +256,13 @@ RULES: Tuple[Rule, ...] = (
     *_megatron_rules("critic.megatron", "critic.strategy", "critic"),
     # -- rollout
     _na(_VLLM_KNOBS, "no effect with the hf rollout",
-        "vLLM engine settings; the hf rollout samples with the actor's own module "
-        "(rollout.name=vllm uses them).", _hf_rollout),
+        "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "
+        "(rollout.name=vllm or sglang uses them).", _hf_rollout),
     _na(tuple(f"{ROLLOUT}.{k}" for k in ("chat_scheduler", "layered_summon",
                                          "multi_stage_wake_up")),
-        "no effect with the in-process vllm rollout",
-        "the vllm rollout runs one in-process engine per worker: no chat scheduler, and its "
-        "weights are loaded in place in one pass.", _vllm_rollout),
+        "no effect with the vllm and sglang rollouts",
+        "the vllm and sglang rollouts run one engine per worker: no chat scheduler, and its "
+        "weights are loaded in place in one pass.", _engine_rollout),
     _na(f"{ROLLOUT}.dtype", "no effect with the hf rollout",
         "the hf rollout samples with the actor's module, in the actor's dtype.", _hf_rollout),
     _na(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
@@ -273,7 +273,7 @@ RULES: Tuple[Rule, ...] = (
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",
              "truncated importance sampling weighs the trainer's log-probs against those of "
              "the engine that sampled; the hf rollout samples with the trainer's own module. "
-             "Use it with rollout.name=vllm.", _hf_rollout),
+             "Use it with rollout.name=vllm or sglang.", _hf_rollout),
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs policy_loss.loss_mode=vanilla",
              "truncated importance sampling is applied by the vanilla PPO loss only (as in "
              "verl).", lambda config, key: str(_get(

@@ -63,8 +63,8 @@ def model_directory(model_path: Any) -> str:
     kind, location, gguf_file = resolve_model_path(model_path)
     if kind == "gguf":
         raise ConfigError(f"actor_rollout_ref.model.path={model_path!r} is a GGUF file; the "
-                          "vllm rollout needs a Hugging Face model directory (save the "
-                          "dequantized model with save_pretrained, or use rollout.name=hf)")
+                          "vllm and sglang rollouts need a Hugging Face model directory (save "
+                          "the dequantized model with save_pretrained, or use rollout.name=hf)")
     return location
 
 
@@ -117,6 +117,10 @@ def check_settings(rollout: Any, device_type: str) -> None:
         raise ConfigError(f"{ROLLOUT}.free_cache_engine=true needs vLLM's sleep mode, which "
                           "only CUDA has; leave it null (on for GPUs, off on the CPU) or set "
                           "it false")
+    check_load_format(rollout)
+
+
+def check_load_format(rollout: Any) -> None:
     if str(rollout.load_format) not in _DUMMY_FORMATS + _FILE_FORMATS:
         raise ConfigError(f"{ROLLOUT}.load_format={rollout.load_format!r} is not supported; "
                           f"use one of {', '.join(_DUMMY_FORMATS + _FILE_FORMATS)}")
@@ -124,6 +128,14 @@ def check_settings(rollout: Any, device_type: str) -> None:
 
 def starts_with_dummy_weights(rollout: Any) -> bool:
     return str(rollout.load_format) in _DUMMY_FORMATS
+
+
+def engine_load_format(rollout: Any) -> str:
+    """``dummy`` (the weights come with the first sync) or the format of the model files,
+    as vLLM and SGLang name them."""
+    if starts_with_dummy_weights(rollout):
+        return "dummy"
+    return str(rollout.load_format).replace("hf", "safetensors")
 
 
 def free_cache(rollout: Any, device_type: str) -> bool:
@@ -140,14 +152,19 @@ def kv_cache_bytes(hf_config: Any, tokens: int, dtype_bytes: int) -> int:
     return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes * tokens
 
 
-def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
-                  device_type: str) -> Tuple[Dict[str, Any], int]:
-    """(keyword arguments of ``vllm.LLM``, max_model_len) for the run's config."""
-    rollout = cfg.actor_rollout_ref.rollout
+def engine_dtype(rollout: Any) -> str:
+    """``rollout.dtype`` as the engines name it (bfloat16, float16, float32, auto)."""
     dtype = _DTYPES.get(str(rollout.dtype).lower())
     if dtype is None:
         raise ConfigError(f"{ROLLOUT}.dtype={rollout.dtype!r} is not supported; use one of "
                           f"{', '.join(sorted(set(_DTYPES)))}")
+    return dtype
+
+
+def max_model_len(cfg: Any, hf_config: Any) -> int:
+    """Longest row the engine holds: ``rollout.max_model_len``, else prompt plus response
+    (at most the model's positions)."""
+    rollout = cfg.actor_rollout_ref.rollout
     prompt = int(rollout.prompt_length or cfg.data.max_prompt_length)
     response = int(cfg.data.max_response_length)
     if rollout.max_model_len:
@@ -155,9 +172,18 @@ def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
         if max_len < prompt + response:
             raise ConfigError(f"{ROLLOUT}.max_model_len={max_len} is shorter than a prompt "
                               f"plus its response ({prompt} + {response})")
-    else:  # no row can be longer than the model's positions: prompts are cut before that
-        positions = getattr(hf_config, "max_position_embeddings", None)
-        max_len = min(prompt + response, int(positions)) if positions else prompt + response
+        return max_len
+    # no row can be longer than the model's positions: prompts are cut before that
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    return min(prompt + response, int(positions)) if positions else prompt + response
+
+
+def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
+                  device_type: str) -> Tuple[Dict[str, Any], int]:
+    """(keyword arguments of ``vllm.LLM``, max_model_len) for the run's config."""
+    rollout = cfg.actor_rollout_ref.rollout
+    dtype = engine_dtype(rollout)
+    max_len = max_model_len(cfg, hf_config)
     max_seqs = int(rollout.max_num_seqs)
     kwargs: Dict[str, Any] = {
         "model": model_dir,
@@ -170,8 +196,7 @@ def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
         "max_num_seqs": max_seqs,
         "max_num_batched_tokens": max(int(rollout.max_num_batched_tokens), max_len),
         "enable_chunked_prefill": bool(rollout.enable_chunked_prefill),
-        "load_format": "dummy" if starts_with_dummy_weights(rollout) else str(
-            rollout.load_format).replace("hf", "safetensors"),
+        "load_format": engine_load_format(rollout),
         "disable_log_stats": bool(rollout.disable_log_stats),
         # the trainer's log-probs divide the logits by the temperature: compare like with like
         "logprobs_mode": "processed_logprobs",

@@ -18,6 +18,7 @@ the trainer computes its own).
 
 ``rollout.mode=server`` (verl's ``async``) keeps all of this but runs the engine as a
 ``vllm serve`` process of the worker's (``vllm_server.ServerEngine``), driven over HTTP.
+``sglang_rollout.SGLangRollout`` is this rollout with an SGLang server as its engine.
 """
 
 from __future__ import annotations
@@ -59,13 +60,14 @@ class VLLMRollout(RolloutBase):
 
     # the actor's tokenizer and EOS ids; its weights through the weight sync
     peer_roles = ("actor",)
+    rollout_name = "vllm"  # in messages
 
     def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,
                  peers: Mapping[str, Any] | None = None, llm: Any = None):
         super().__init__(role, config, worker, peers)
         rollout = self.cfg.actor_rollout_ref.rollout
         self.device_type = resolve_device(self.cfg).type
-        vllm_engine.check_settings(rollout, self.device_type)
+        self._check_settings(rollout)
         self.server_mode = vllm_engine.server_mode(rollout)
         self.free_cache = vllm_engine.free_cache(rollout, self.device_type)
         # dummy weights until the first sync: the worker syncs before the first generate
@@ -73,6 +75,9 @@ class VLLMRollout(RolloutBase):
         self.llm = llm if llm is not None else self._start()
         self._asleep = False
         self._sleep()
+
+    def _check_settings(self, rollout: Any) -> None:
+        vllm_engine.check_settings(rollout, self.device_type)
 
     def _engine_kwargs(self) -> dict:
         from transformers import AutoConfig
@@ -184,8 +189,8 @@ class VLLMRollout(RolloutBase):
 
     def generate(self, batch: Any, validate: bool = False) -> NodeOutput:
         if self.needs_weights:
-            raise RuntimeError("the vllm rollout still holds dummy weights: the worker's "
-                               "weight sync must run before the first generate")
+            raise RuntimeError(f"the {self.rollout_name} rollout still holds dummy weights: the "
+                               "worker's weight sync must run before the first generate")
         params = self.sampling(validate)
         width = self.max_response_length()
         eos_ids, pad_id = self.stop_ids(self.actor.module, self.actor.tokenizer)
