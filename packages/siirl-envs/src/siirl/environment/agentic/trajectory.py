@@ -1,0 +1,184 @@
+"""The trajectory-level env manager: a whole multi-turn episode is one training sample.
+
+Each episode keeps one token list, the source of truth for both generation and training:
+the first prompt (the environment's instructions and first observation, through the chat
+template when the tokenizer has one), then for each turn the agent's generated tokens
+(``mask`` 1: trained on) followed by the environment's reply (``mask`` 0: the observation
+in the chat template's user turn, never trained on). The next turn's prompt is the list so
+far, so the policy is trained on exactly the tokens it saw and produced.
+
+Per turn the agent's reply is parsed by the environment (:meth:`TextEnv.parse_action`); a
+reply with no action costs ``format_penalty`` and is answered with a format hint. An
+environment that raises ends its episode with ``error_penalty``, counted by kind and warned
+about once. An episode ends when the environment says so, after ``max_actions_per_traj``
+turns, or when its tokens would pass ``max_episode_tokens``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from siirl.data_coordinator.dataloader.partitioned_dataset import encode_text, render_prompt
+from siirl.environment.base import TextEnv
+
+FORMAT_HINT = "Invalid format: {instructions}"
+
+# policy(prompts: token-id lists) -> one generated token-id list per prompt
+Policy = Callable[[List[List[int]]], List[List[int]]]
+
+
+@dataclass
+class Episode:
+    env: TextEnv
+    seed: int
+    group: str  # episodes of one group start from the same seed (GRPO's uid)
+    tag: str = ""
+    ids: List[int] = field(default_factory=list)
+    mask: List[int] = field(default_factory=list)  # per token after the prompt
+    prompt_length: int = 0
+    reward: float = 0.0
+    turns: int = 0
+    format_errors: int = 0
+    success: bool = False
+    done: bool = False
+    error: Optional[str] = None  # the kind of environment failure that ended it
+
+    @property
+    def response_ids(self) -> List[int]:
+        return self.ids[self.prompt_length:]
+
+
+class Formatter:
+    """Token ids of the first prompt and of each observation, in the tokenizer's chat
+    format (or plain lines for a tokenizer without a chat template)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.chat = bool(getattr(tokenizer, "chat_template", None))
+
+    def first_prompt(self, instructions: str, observation: Any) -> List[int]:
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        messages += _as_messages(observation)
+        return encode_text(self.tokenizer, render_prompt(self.tokenizer, messages))
+
+    def observation(self, observation: Any) -> List[int]:
+        """The environment's turn after an agent reply, ending with the generation prompt."""
+        messages = _as_messages(observation)
+        if not self.chat:
+            return encode_text(self.tokenizer, "\n" + "\n".join(
+                m["content"] for m in messages) + "\n")
+        before = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+        base = self.tokenizer.apply_chat_template(before, tokenize=False)
+        full = self.tokenizer.apply_chat_template(before + messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        suffix = full[len(base):] if full.startswith(base) else render_prompt(
+            self.tokenizer, messages)
+        return encode_text(self.tokenizer, suffix)
+
+
+def _as_messages(observation: Any) -> List[Dict[str, str]]:
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    return [dict(m) for m in observation]
+
+
+class TrajectoryEnvManager:
+    def __init__(self, tokenizer: Any, max_actions_per_traj: int = 10,
+                 max_episode_tokens: int = 1024, format_penalty: float = -0.1,
+                 error_penalty: float = -1.0):
+        self.formatter = Formatter(tokenizer)
+        self.tokenizer = tokenizer
+        self.max_actions = int(max_actions_per_traj)
+        self.max_tokens = int(max_episode_tokens)
+        self.format_penalty, self.error_penalty = float(format_penalty), float(error_penalty)
+        self.errors: Dict[str, int] = {}
+        self._warned: set = set()
+
+    # -- episodes -------------------------------------------------------------------------
+    def start(self, env: TextEnv, seed: int, group: str, tag: str = "") -> Episode:
+        episode = Episode(env=env, seed=int(seed), group=str(group), tag=tag)
+        try:
+            observation = env.reset(seed=int(seed))
+        except Exception as exc:
+            self._fail(episode, "reset", exc)
+            observation = ""
+        episode.ids = self.formatter.first_prompt(env.instructions, observation)
+        episode.prompt_length = len(episode.ids)
+        return episode
+
+    def run(self, episodes: Sequence[Episode], policy: Policy) -> None:
+        """Play every episode to its end, one policy call per turn for all active ones."""
+        while True:
+            active = [e for e in episodes if not e.done]
+            if not active:
+                return
+            replies = policy([list(e.ids) for e in active])
+            for episode, reply in zip(active, replies, strict=True):
+                self._turn(episode, list(reply))
+
+    def _turn(self, episode: Episode, reply: List[int]) -> None:
+        episode.ids += reply
+        episode.mask += [1] * len(reply)
+        episode.turns += 1
+        text = self.tokenizer.decode(reply, skip_special_tokens=True)
+        action = episode.env.parse_action(text)
+        if action is None:
+            episode.format_errors += 1
+            episode.reward += self.format_penalty
+            observation = FORMAT_HINT.format(instructions=episode.env.instructions)
+            done = False
+        else:
+            try:
+                observation, reward, done, info = episode.env.step(action)
+                reward = float(reward)
+                if reward != reward or abs(reward) == float("inf"):
+                    raise ValueError(f"reward {reward} is not finite")
+            except Exception as exc:
+                self._fail(episode, "step", exc)
+                return
+            episode.reward += reward
+            episode.success = bool((info or {}).get("success", False))
+        if done or episode.turns >= self.max_actions:
+            episode.done = True
+            return
+        segment = self.formatter.observation(observation)
+        if len(episode.ids) + len(segment) >= self.max_tokens:
+            episode.done = True  # no room for the observation and another reply
+            return
+        episode.ids += segment
+        episode.mask += [0] * len(segment)
+
+    def _fail(self, episode: Episode, kind: str, exc: BaseException) -> None:
+        episode.error, episode.done = kind, True
+        episode.reward += self.error_penalty
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        if kind not in self._warned:
+            self._warned.add(kind)
+            print(f"[siirl] environment {type(episode.env).__name__} failed in {kind}() "
+                  f"(seed {episode.seed}): {type(exc).__name__}: {exc}; the episode ends "
+                  f"with reward {self.error_penalty:g} (counted in env/errors/{kind}; "
+                  "further failures are only counted)", file=sys.stderr, flush=True)
+
+    # -- metrics --------------------------------------------------------------------------
+    def metrics(self, episodes: Sequence[Episode], prefix: str = "env") -> Dict[str, float]:
+        """Success rate, score mean/max/min, turns and format errors, overall and per tag;
+        failures by kind."""
+        out: Dict[str, float] = {}
+        tags = sorted({e.tag for e in episodes if e.tag})
+        for tag in [""] + tags:
+            chosen = [e for e in episodes if not tag or e.tag == tag]
+            if not chosen:
+                continue
+            name = f"{prefix}/{tag}" if tag else prefix
+            scores = [e.reward for e in chosen]
+            out[f"{name}/success_rate"] = sum(e.success for e in chosen) / len(chosen)
+            out[f"{name}/score/mean"] = sum(scores) / len(scores)
+            out[f"{name}/score/max"] = max(scores)
+            out[f"{name}/score/min"] = min(scores)
+            out[f"{name}/turns/mean"] = sum(e.turns for e in chosen) / len(chosen)
+            out[f"{name}/format_errors"] = float(sum(e.format_errors for e in chosen))
+        for kind, count in self.errors.items():
+            out[f"{prefix}/errors/{kind}"] = float(count)
+        return out
