@@ -27,13 +27,13 @@ def char_tokenizer(chat: bool) -> PreTrainedTokenizerFast:
 
 
 def scripted(tokenizer, replies_by_episode):
-    """A policy replying from per-episode scripts (keyed by the prompt's first tokens)."""
+    """A policy replying from per-episode scripts, keyed by each episode's first prompt."""
     turn = {}
 
     def policy(prompts):
         out = []
         for ids in prompts:
-            key = tuple(ids[:200])
+            key = next(k for k in replies_by_episode if tuple(ids[:len(k)]) == k)
             script = replies_by_episode[key]
             index = turn.get(key, 0)
             turn[key] = index + 1
@@ -51,7 +51,7 @@ def test_a_solved_sokoban_episode_masks_exactly_the_agent_tokens(chat):
     episode = manager.start(env, seed=3, group="g0")
     plan = sokoban.solve(env)
     replies = [f"I move. <answer>{action}</answer>" for action in plan]
-    manager.run([episode], scripted(tokenizer, {tuple(episode.ids[:200]): replies}))
+    manager.run([episode], scripted(tokenizer, {tuple(episode.ids[:episode.prompt_length]): replies}))
     assert episode.done and episode.success and episode.turns == len(plan)
     assert episode.reward == pytest.approx(sokoban.SOLVED - 0.1 * len(plan) + 1.0)
     response, mask = episode.response_ids, episode.mask
@@ -80,8 +80,8 @@ def test_format_errors_cost_a_penalty_and_failures_end_the_episode(capsys):
                                    error_penalty=-2.0)
     lost = manager.start(make_env("sokoban"), seed=1, group="a")
     broken = [manager.start(Exploding(), seed=s, group="b") for s in range(2)]
-    scripts = {tuple(lost.ids[:200]): ["no idea"] * 3,
-               tuple(broken[0].ids[:200]): ["<answer>x</answer>"] * 2}  # same prompt
+    scripts = {tuple(lost.ids): ["no idea"] * 3,
+               tuple(broken[0].ids): ["<answer>x</answer>"] * 2}  # same prompt
     manager.run([lost, *broken], scripted(tokenizer, scripts))
     assert lost.done and lost.turns == 3 and lost.format_errors == 3
     assert lost.reward == pytest.approx(-1.5)
@@ -98,6 +98,6 @@ def test_the_token_budget_ends_an_episode():
     manager = TrajectoryEnvManager(tokenizer, max_actions_per_traj=50)
     episode = manager.start(make_env("sokoban"), seed=2, group="a")
     manager.max_tokens = budget = episode.prompt_length + 120  # room for about two turns
-    script = {tuple(episode.ids[:200]): ["<answer>Up</answer>"] * 50}
+    script = {tuple(episode.ids[:episode.prompt_length]): ["<answer>Up</answer>"] * 50}
     manager.run([episode], scripted(tokenizer, script))
     assert episode.done and len(episode.ids) < budget and 1 <= episode.turns < 5

@@ -18,6 +18,8 @@ ROOT_GROUPS = [
     "custom_reward_function",
     "trainer",
     "dag",
+    "custom_envs",
+    "env_manager",
 ]
 
 # Override paths commonly used in verl example scripts.

@@ -6,7 +6,9 @@ group. The schema holds no behaviour: parsing, merging and validation live elsew
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from siirl.params.agentic_args import EnvManagerArguments
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import CustomClsArguments, DataArguments, SamplerArguments
 from siirl.params.model_args import (
@@ -54,6 +56,9 @@ class SiiRLArguments:
     )
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
+    # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
+    custom_envs: dict[str, Any] = field(default_factory=dict)
+    env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
 
 
 __all__ = [
@@ -68,6 +73,7 @@ __all__ = [
     "CustomRewardFunctionArguments",
     "DagArguments",
     "DataArguments",
+    "EnvManagerArguments",
     "FSDPArguments",
     "FilterGroupsArguments",
     "KLCtrlArguments",

@@ -103,7 +103,13 @@ def _parse_overrides(overrides: Sequence[str]):
 
 
 def _is_free_form(cfg: DictConfig, parent_key: str) -> bool:
+    """Whether keys may be added under ``parent_key``: the nearest existing ancestor is a
+    plain dict (``+custom_envs.Sok.env_type=...`` creates ``Sok`` in free-form
+    ``custom_envs``)."""
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    while parent is None and parent_key:
+        parent_key = parent_key.rsplit(".", 1)[0] if "." in parent_key else ""
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
     return isinstance(parent, DictConfig) and not dataclasses.is_dataclass(
         OmegaConf.get_type(parent))
 

@@ -18,3 +18,4 @@ class WorkflowType(str, Enum):
     DEFAULT = "DEFAULT"
     DAPO = "DAPO"
     EMBODIED = "EMBODIED"
+    AGENTIC = "AGENTIC"  # multi-turn episodes in environments (pipeline from siirl-envs)

@@ -8,7 +8,8 @@ An engine subclasses ``RolloutBase`` and implements ``generate(batch, validate)`
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -77,6 +78,21 @@ class RolloutBase:
         # the actor engine (wired by the worker): its model, tokenizer and weights
         self.actor = (peers or {}).get("actor")
         self._calls = (-1, 0)  # (training step, generate calls within it): a noise salt
+        self._overrides: dict = {}
+
+    @contextmanager
+    def overridden(self, n: int | None = None, response_length: int | None = None
+                   ) -> Iterator[None]:
+        """``generate`` with ``n`` samples per prompt and ``response_length`` new tokens at
+        most, instead of the config's, inside the block (a multi-turn env manager asks for
+        one reply per episode and turn)."""
+        previous = self._overrides
+        self._overrides = {k: v for k, v in (("n", n), ("response_length", response_length))
+                           if v is not None}
+        try:
+            yield
+        finally:
+            self._overrides = previous
 
     def sampling(self, validate: bool) -> dict:
         """n, greedy, temperature, top_k, top_p for training or validation."""
@@ -86,7 +102,7 @@ class RolloutBase:
         do_sample = bool(base.do_sample)
         top_k = as_int(base.top_k) or -1
         return {
-            "n": as_int(base.n) or 1,
+            "n": self._overrides.get("n") or as_int(base.n) or 1,
             "greedy": (not do_sample) or temperature <= 0.0,
             "temperature": temperature if temperature > 0 else 1.0,
             "top_k": top_k if top_k > 0 else -1,  # -1 and 0 both mean "off"
@@ -94,7 +110,8 @@ class RolloutBase:
         }
 
     def max_response_length(self) -> int:
-        length = as_int(self.cfg.data.max_response_length)
+        length = self._overrides.get("response_length") or \
+            as_int(self.cfg.data.max_response_length)
         if length is None:
             raise ValueError("set data.max_response_length")
         return length

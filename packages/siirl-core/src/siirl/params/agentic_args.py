@@ -1,0 +1,26 @@
+"""Agentic RL settings (``algorithm.workflow_type=AGENTIC``): ROLL's ``custom_envs`` and the
+trajectory env manager's limits."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EnvManagerArguments:
+    """How episodes become training rows (the trajectory-level env manager)."""
+
+    tags: list[str] | None = field(
+        default=None, metadata={"help": "custom_envs tags to train on (null: all of them); "
+                                        "prompt rows take them in turn."})
+    max_actions_per_traj: int = field(
+        default=10, metadata={"help": "Agent turns per episode at most."})
+    max_tokens_per_step: int | None = field(
+        default=None, metadata={"help": "New tokens per agent turn (null: "
+                                        "data.max_response_length)."})
+    max_episode_tokens: int = field(
+        default=1024, metadata={"help": "Prompt, replies and observations of one episode "
+                                        "at most, in tokens."})
+    format_penalty: float = field(
+        default=-0.1, metadata={"help": "Reward added for a reply with no parsable action."})
+    error_penalty: float = field(
+        default=-1.0, metadata={"help": "Reward added when the environment fails; the "
+                                        "episode ends."})

@@ -1,0 +1,155 @@
+"""The AGENTIC rollout node: episodes in environments, played by the worker's rollout engine,
+returned as ordinary rollout rows (so the advantage, log-prob and training nodes are GRPO's).
+
+Each prompt row of the dataloader names one episode group: its ``sample_id`` picks the
+environment tag (``env_manager.tags``, in turn) and, with ``trainer.seed`` and the step, the
+episode seed; ``rollout.n`` episodes start from that seed (GRPO's group, ``uid``). Every
+turn, all unfinished episodes go to the rollout engine together, one reply each
+(``rollout.overridden(n=1, ...)``), their noise keyed by episode, so a rerun or a resume
+replays the same episodes. The episode's reward sits on its last agent token; the
+response mask is 1 on agent tokens only, so environment tokens are never trained on.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator import protocol
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    POSITION_IDS,
+    PROMPTS,
+    RESPONSE_MASK,
+    RESPONSES,
+    SAMPLE_ID,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+    UID,
+)
+from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
+from siirl.environment.registry import make_env
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+
+def episode_seed(run_seed: int, sample_id: int, step: int) -> int:
+    """A seed per (run, prompt row, step): fresh puzzles every step, the same on replay."""
+    return zlib.crc32(f"{run_seed}:{sample_id}:{step}".encode())
+
+
+def _tags(config: Any) -> List[str]:
+    custom = dict(select(config, "custom_envs", {}) or {})
+    if not custom:
+        raise ConfigError("algorithm.workflow_type=AGENTIC needs custom_envs: e.g. "
+                          "custom_envs.SimpleSokoban.env_type=sokoban")
+    tags = list(select(config, "env_manager.tags") or custom)
+    unknown = [tag for tag in tags if tag not in custom]
+    if unknown:
+        raise ConfigError(f"env_manager.tags names {unknown}, which custom_envs lacks "
+                          f"(it has {sorted(custom)})")
+    return tags
+
+
+def _left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return {INPUT_IDS: ids, ATTENTION_MASK: mask,
+            POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0)}
+
+
+class EnginePolicy:
+    """One reply per prompt from the worker's rollout engine (HF, vLLM, ...)."""
+
+    def __init__(self, rollout: Any, pad_id: int, reply_tokens: int, validate: bool):
+        self.rollout, self.pad_id = rollout, pad_id
+        self.reply_tokens, self.validate = reply_tokens, validate
+        self.episode_ids: List[int] = []  # noise key per active prompt, set per call
+
+    def __call__(self, prompts: List[List[int]]) -> List[List[int]]:
+        fields = _left_padded(prompts, self.pad_id)
+        fields[SAMPLE_ID] = torch.tensor(self.episode_ids, dtype=torch.long)
+        batch = protocol.make_batch(fields)
+        with self.rollout.overridden(n=1, response_length=self.reply_tokens):
+            out = self.rollout.generate(batch, validate=self.validate).batch
+        return [row[mask.bool()].tolist()
+                for row, mask in zip(out[RESPONSES], out[RESPONSE_MASK], strict=True)]
+
+
+def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
+    prompts = _left_padded([e.ids[:e.prompt_length] for e in episodes], pad_id)
+    width = max(1, max(len(e.response_ids) for e in episodes))
+    responses = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(episodes), width), dtype=torch.float32)
+    scores = torch.zeros((len(episodes), width), dtype=torch.float32)
+    for row, episode in enumerate(episodes):
+        ids = episode.response_ids
+        responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        response_mask[row, :len(ids)] = torch.tensor(episode.mask, dtype=torch.float32)
+        agent = [i for i, m in enumerate(episode.mask) if m]
+        scores[row, agent[-1] if agent else 0] = episode.reward
+    prompt_ids, prompt_mask = prompts[INPUT_IDS], prompts[ATTENTION_MASK]
+    # attention covers environment tokens too (the policy reads them); the loss does not
+    lengths = torch.tensor([len(e.response_ids) for e in episodes])
+    attention = torch.cat([prompt_mask, (torch.arange(width) < lengths[:, None]).long()],
+                          dim=1)
+    batch = protocol.make_batch({
+        PROMPTS: prompt_ids, RESPONSES: responses, RESPONSE_MASK: response_mask,
+        INPUT_IDS: torch.cat([prompt_ids, responses], dim=1), ATTENTION_MASK: attention,
+        POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0),
+        TOKEN_LEVEL_SCORES: scores, TOKEN_LEVEL_REWARDS: scores.clone(),
+    })
+    protocol.set_non_tensor(batch, UID, [e.group for e in episodes])
+    return batch
+
+
+def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
+                    validate: bool = False, **_: Any) -> NodeOutput:
+    """Node function: episodes for the prompt rows of ``batch`` -> rollout rows."""
+    rollout, actor = worker.engines.rollout, worker.engines.actor
+    tokenizer = actor.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+        tokenizer.eos_token_id
+    custom = dict(select(config, "custom_envs", {}) or {})
+    tags = _tags(config)
+    n = int(select(config, "actor_rollout_ref.rollout.n", 1) or 1)
+    run_seed = int(select(config, "trainer.seed", 0) or 0)
+    step = int(getattr(worker, "global_step", 0) or 0)
+    settings = select(config, "env_manager")
+    reply_tokens = int(select(config, "env_manager.max_tokens_per_step") or
+                       select(config, "data.max_response_length"))
+    manager = TrajectoryEnvManager(tokenizer, settings.max_actions_per_traj,
+                                   settings.max_episode_tokens, settings.format_penalty,
+                                   settings.error_penalty)
+    episodes: List[Episode] = []
+    keys: List[int] = []
+    for sample_id in batch[SAMPLE_ID].tolist():
+        tag = tags[int(sample_id) % len(tags)]
+        entry = custom[tag]
+        seed = episode_seed(run_seed, int(sample_id), step)
+        for k in range(n):
+            env = make_env(entry["env_type"], entry.get("env_config"),
+                           f"custom_envs.{tag}.env_type")
+            episodes.append(manager.start(env, seed, group=str(sample_id), tag=tag))
+            keys.append(int(sample_id) * n + k)
+    policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)
+    try:
+        def play(prompts: List[List[int]]) -> List[List[int]]:
+            policy.episode_ids = [keys[i] for i, e in enumerate(episodes) if not e.done]
+            return policy(prompts)
+
+        manager.run(episodes, play)
+    finally:
+        for episode in episodes:
+            episode.env.close()
+    out = _rows(episodes, pad_id)
+    prefix = "val-env" if validate else "env"
+    return NodeOutput(batch=out, metrics=manager.metrics(episodes, prefix))
