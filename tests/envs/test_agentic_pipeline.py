@@ -58,14 +58,19 @@ def test_an_agentic_run_goes_through_the_dag(tmp_path):
            "data.max_response_length=8", "data.train_batch_size=4",
            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
            "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",
-           "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+           "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.save_freq=-1",
            "trainer.logger=[]", "trainer.device=cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, RAY_AUTH_MODE="disabled"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2]
-    for record in records:
+    val = [r for r in records if "val/score/mean" in r]
+    train = [r for r in records if "val/score/mean" not in r]
+    assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [0, 2]
+    for record in val:  # validation episodes, scored by the environments themselves
+        assert 0.0 <= record["val/success_rate"] <= 1.0
+        assert "val/Sok/success_rate" in record and "val/Calc/success_rate" in record
+    for record in train:
         assert record["env/turns/mean"] <= 2
         assert "env/Sok/success_rate" in record and "env/Calc/success_rate" in record
         assert "actor/pg_loss" in record

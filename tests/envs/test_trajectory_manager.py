@@ -51,7 +51,7 @@ def test_a_solved_sokoban_episode_masks_exactly_the_agent_tokens(chat):
     episode = manager.start(env, seed=3, group="g0")
     plan = sokoban.solve(env)
     replies = [f"I move. <answer>{action}</answer>" for action in plan]
-    manager.run([episode], scripted(tokenizer, {tuple(episode.ids[:episode.prompt_length]): replies}))
+    manager.run([episode], scripted(tokenizer, {tuple(episode.ids): replies}))
     assert episode.done and episode.success and episode.turns == len(plan)
     assert episode.reward == pytest.approx(sokoban.SOLVED - 0.1 * len(plan) + 1.0)
     response, mask = episode.response_ids, episode.mask

@@ -118,7 +118,31 @@ class DAGWorker:
 
     def can_validate(self) -> bool:
         roles = roles_needed(self.taskgraph)
-        return "rollout" in roles and "reward" in roles
+        return ("rollout" in roles and "reward" in roles) or \
+            self.scored_rollout() is not None
+
+    def scored_rollout(self) -> Optional[Callable[[Any], NodeOutput]]:
+        """Validation through the graph's own rollout node, when it is not the worker's
+        ``generate`` and scores its rows itself (it takes ``validate``, e.g. the AGENTIC
+        node, whose rows carry their episodes' rewards): ``batch -> NodeOutput``."""
+        import inspect
+
+        from siirl.execution.dag.node import NodeRole
+
+        node = next((n for n in self.taskgraph.nodes.values()
+                     if n.node_role is NodeRole.ROLLOUT), None)
+        if node is None or (node.executable_ref or "").startswith(
+                "siirl.dag_worker.dagworker:"):
+            return None
+        func = self.executor.callable_for(node)
+        try:
+            accepted = inspect.signature(func).parameters
+        except (TypeError, ValueError):
+            return None
+        if "validate" not in accepted:
+            return None
+        extra = {k: v for k, v in (("worker", self), ("node", node)) if k in accepted}
+        return lambda batch: func(batch, config=self.config, validate=True, **extra)
 
     def set_total_training_steps(self, steps: int) -> None:
         """Engines with a learning-rate schedule need the run's length."""

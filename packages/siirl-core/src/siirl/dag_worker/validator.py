@@ -5,22 +5,38 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict
 
-from siirl.data_coordinator.fields import DATA_SOURCE, RESPONSE_MASK, TOKEN_LEVEL_SCORES
+from siirl.data_coordinator.fields import (
+    COMPLETE,
+    DATA_SOURCE,
+    RESPONSE_MASK,
+    TOKEN_LEVEL_SCORES,
+)
 from siirl.data_coordinator.protocol import get_non_tensor
 
 
 def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
-    """``val/score/mean`` over every validation sample and ``val/<data_source>/score/mean``.
+    """``val/score/mean`` over every validation sample and ``val/<data_source>/score/mean``;
+    with rows that say whether their task succeeded (``complete``, e.g. the AGENTIC
+    workflow's episodes), ``val/success_rate`` and ``val/<data_source>/success_rate`` too.
 
     Each worker validates its share of the set; the per-row results of all workers are
-    combined, so the metrics are those of the whole set on any number of workers.
+    combined, so the metrics are those of the whole set on any number of workers. A graph
+    whose rollout node scores its own rows (``worker.scored_rollout()``) is validated
+    through that node; otherwise the rollout engine generates and the reward engine scores.
     """
     sync = getattr(worker, "sync_rollout_weights", None)
     if sync is not None:  # a resumed run may validate before its first step
         sync()
     rollout = worker.engines.get("rollout")
     reward = worker.engines.get("reward")
-    rows = []  # (data_source, score, response length)
+    scored_rollout = getattr(worker, "scored_rollout", lambda: None)()
+
+    def generate_and_score(batch: Any) -> Any:
+        if scored_rollout is not None:
+            return scored_rollout(batch).batch
+        return reward.compute_reward(rollout.generate(batch, validate=True).batch).batch
+
+    rows = []  # (data_source, score, response length, success or None)
     batches = list(val_loader)
     comm = getattr(worker, "comm", None)
     if comm is not None and comm.active:
@@ -28,21 +44,29 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
         # often as the others, so one whose share ran out repeats a discarded 1-row batch.
         most = max(comm.all_gather(len(batches)))
         for _ in range(most - len(batches) if batches else 0):
-            rollout.generate(batches[0][:1], validate=True)
+            if scored_rollout is not None:
+                scored_rollout(batches[0][:1])
+            else:
+                rollout.generate(batches[0][:1], validate=True)
     for batch in batches:
-        generated = rollout.generate(batch, validate=True).batch
-        scored = reward.compute_reward(generated).batch
+        scored = generate_and_score(batch)
         scores = scored[TOKEN_LEVEL_SCORES].sum(dim=-1).tolist()
         lengths = scored[RESPONSE_MASK].sum(dim=-1).tolist()
-        rows.extend(zip(get_non_tensor(scored, DATA_SOURCE), scores, lengths, strict=True))
+        success = scored[COMPLETE].tolist() if COMPLETE in scored.keys() else \
+            [None] * len(scores)
+        rows.extend(zip(get_non_tensor(scored, DATA_SOURCE), scores, lengths, success,
+                        strict=True))
     if comm is not None:
         # tensor-parallel peers validated copies of the same rows: count them once
         rows = rows if getattr(worker, "is_data_source", True) else []
         rows = [row for part in comm.all_gather(rows) for row in part]
     by_source: Dict[str, list] = defaultdict(list)
-    for source, score, _ in rows:
+    successes: Dict[str, list] = defaultdict(list)
+    for source, score, _, success in rows:
         by_source[source].append(score)
-    lengths = [length for _, _, length in rows]
+        if success is not None:
+            successes[source].append(float(success))
+    lengths = [row[2] for row in rows]
     all_scores = [s for scores in by_source.values() for s in scores]
     if not all_scores:
         return {}
@@ -50,4 +74,9 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
                "val/response_length/mean": sum(lengths) / len(lengths)}
     for source, scores in by_source.items():
         metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
+    every = [s for values in successes.values() for s in values]
+    if every:
+        metrics["val/success_rate"] = sum(every) / len(every)
+        for source, values in successes.items():
+            metrics[f"val/{source}/success_rate"] = sum(values) / len(values)
     return metrics

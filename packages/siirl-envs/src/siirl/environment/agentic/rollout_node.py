@@ -7,7 +7,10 @@ episode seed; ``rollout.n`` episodes start from that seed (GRPO's group, ``uid``
 turn, all unfinished episodes go to the rollout engine together, one reply each
 (``rollout.overridden(n=1, ...)``), their noise keyed by episode, so a rerun or a resume
 replays the same episodes. The episode's reward sits on its last agent token; the
-response mask is 1 on agent tokens only, so environment tokens are never trained on.
+response mask is 1 on agent tokens only, so environment tokens are never trained on. Rows
+carry their tag as ``data_source`` and the episode's success as ``complete``; with
+``validate=True`` (the validator calls the node so) the episodes use ``val_kwargs`` and the
+same seeds at every evaluation.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator import protocol
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
+    COMPLETE,
+    DATA_SOURCE,
     INPUT_IDS,
     POSITION_IDS,
     PROMPTS,
@@ -107,7 +112,9 @@ def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
         POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0),
         TOKEN_LEVEL_SCORES: scores, TOKEN_LEVEL_REWARDS: scores.clone(),
     })
+    batch.set(COMPLETE, torch.tensor([float(e.success) for e in episodes]))
     protocol.set_non_tensor(batch, UID, [e.group for e in episodes])
+    protocol.set_non_tensor(batch, DATA_SOURCE, [e.tag for e in episodes])
     return batch
 
 
@@ -120,9 +127,11 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
         tokenizer.eos_token_id
     custom = dict(select(config, "custom_envs", {}) or {})
     tags = _tags(config)
-    n = int(select(config, "actor_rollout_ref.rollout.n", 1) or 1)
+    n_key = "val_kwargs.n" if validate else "n"
+    n = int(select(config, f"actor_rollout_ref.rollout.{n_key}", 1) or 1)
     run_seed = int(select(config, "trainer.seed", 0) or 0)
-    step = int(getattr(worker, "global_step", 0) or 0)
+    # validation replays the same episodes at every evaluation; training gets fresh ones
+    step = -1 if validate else int(getattr(worker, "global_step", 0) or 0)
     settings = select(config, "env_manager")
     reply_tokens = int(select(config, "env_manager.max_tokens_per_step") or
                        select(config, "data.max_response_length"))
@@ -138,6 +147,8 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
         for k in range(n):
             env = make_env(entry["env_type"], entry.get("env_config"),
                            f"custom_envs.{tag}.env_type")
+            if entry.get("env_instruction") is not None:  # ROLL's key: the agent's rules
+                env.instructions = str(entry["env_instruction"])
             episodes.append(manager.start(env, seed, group=str(sample_id), tag=tag))
             keys.append(int(sample_id) * n + k)
     policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)
