@@ -55,6 +55,7 @@ def test_an_agentic_run_goes_through_the_dag(tmp_path):
     cmd = [sys.executable, "-m", "siirl.main_dag", "algorithm.workflow_type=AGENTIC",
            "+custom_envs.Sok.env_type=sokoban", "+custom_envs.Sok.env_config.dim_room=[5,5]",
            "+custom_envs.Calc.env_type=tool_math", "env_manager.max_actions_per_traj=2",
+           "env_manager.env_processes=2",
            "data.max_response_length=8", "data.train_batch_size=4",
            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
            "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",

@@ -21,6 +21,13 @@ class EnvManagerArguments:
                                         "at most, in tokens."})
     format_penalty: float = field(
         default=-0.1, metadata={"help": "Reward added for a reply with no parsable action."})
+    env_processes: int = field(
+        default=0, metadata={"help": "Worker processes hosting the environments (0: in the "
+                                     "training worker); a hung or crashed one ends only its "
+                                     "episodes."})
+    step_timeout_s: float = field(
+        default=60.0, metadata={"help": "env_processes > 0: seconds a turn's environment "
+                                        "steps may take before their process is restarted."})
     error_penalty: float = field(
         default=-1.0, metadata={"help": "Reward added when the environment fails; the "
                                         "episode ends."})

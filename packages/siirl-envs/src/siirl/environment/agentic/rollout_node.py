@@ -47,6 +47,25 @@ def episode_seed(run_seed: int, sample_id: int, step: int) -> int:
     return zlib.crc32(f"{run_seed}:{sample_id}:{step}".encode())
 
 
+_POOLS: Dict[tuple, Any] = {}  # (processes, timeout) -> this worker's environment processes
+
+
+def _pool(settings: Any) -> Any:
+    """This training worker's environment processes (kept for the run), or None."""
+    processes = int(settings.env_processes or 0)
+    if processes <= 0:
+        return None
+    key = (processes, float(settings.step_timeout_s))
+    if key not in _POOLS:
+        import atexit
+
+        from siirl.environment.agentic.env_workers import EnvWorkerPool
+
+        _POOLS[key] = EnvWorkerPool(*key)
+        atexit.register(_POOLS[key].close)
+    return _POOLS[key]
+
+
 def _tags(config: Any) -> List[str]:
     custom = dict(select(config, "custom_envs", {}) or {})
     if not custom:
@@ -138,6 +157,7 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     manager = TrajectoryEnvManager(tokenizer, settings.max_actions_per_traj,
                                    settings.max_episode_tokens, settings.format_penalty,
                                    settings.error_penalty)
+    pool = _pool(settings)
     episodes: List[Episode] = []
     keys: List[int] = []
     for sample_id in batch[SAMPLE_ID].tolist():
@@ -145,10 +165,14 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
         entry = custom[tag]
         seed = episode_seed(run_seed, int(sample_id), step)
         for k in range(n):
-            env = make_env(entry["env_type"], entry.get("env_config"),
-                           f"custom_envs.{tag}.env_type")
-            if entry.get("env_instruction") is not None:  # ROLL's key: the agent's rules
-                env.instructions = str(entry["env_instruction"])
+            instruction = entry.get("env_instruction")  # ROLL's key: the agent's rules
+            if pool is not None:
+                env = pool.create(entry["env_type"], entry.get("env_config"), instruction)
+            else:
+                env = make_env(entry["env_type"], entry.get("env_config"),
+                               f"custom_envs.{tag}.env_type")
+                if instruction is not None:
+                    env.instructions = str(instruction)
             episodes.append(manager.start(env, seed, group=str(sample_id), tag=tag))
             keys.append(int(sample_id) * n + k)
     policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)

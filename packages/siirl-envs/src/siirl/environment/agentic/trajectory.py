@@ -9,9 +9,11 @@ far, so the policy is trained on exactly the tokens it saw and produced.
 
 Per turn the agent's reply is parsed by the environment (:meth:`TextEnv.parse_action`); a
 reply with no action costs ``format_penalty`` and is answered with a format hint. An
-environment that raises ends its episode with ``error_penalty``, counted by kind and warned
-about once. An episode ends when the environment says so, after ``max_actions_per_traj``
-turns, or when its tokens would pass ``max_episode_tokens``.
+environment that raises, returns something malformed (a non-numeric or non-finite reward),
+or (in a worker process, ``env_workers``) hangs or dies ends its episode with
+``error_penalty``, counted by kind and warned about once. An episode ends when the
+environment says so, after ``max_actions_per_traj`` turns, or when its tokens would pass
+``max_episode_tokens``.
 """
 
 from __future__ import annotations
@@ -102,23 +104,34 @@ class TrajectoryEnvManager:
         try:
             observation = env.reset(seed=int(seed))
         except Exception as exc:
-            self._fail(episode, "reset", exc)
+            self._fail(episode, getattr(exc, "kind", "reset"), exc)
             observation = ""
         episode.ids = self.formatter.first_prompt(env.instructions, observation)
         episode.prompt_length = len(episode.ids)
         return episode
 
     def run(self, episodes: Sequence[Episode], policy: Policy) -> None:
-        """Play every episode to its end, one policy call per turn for all active ones."""
+        """Play every episode to its end: one policy call per turn for all active ones,
+        then all their environments step together (remote ones in parallel)."""
+        from siirl.environment.agentic.env_workers import step_many
+
         while True:
             active = [e for e in episodes if not e.done]
             if not active:
                 return
             replies = policy([list(e.ids) for e in active])
+            acting = []  # (episode, action) of the replies with a parsable action
             for episode, reply in zip(active, replies, strict=True):
-                self._turn(episode, list(reply))
+                action = self._reply(episode, list(reply))
+                if action is not None:
+                    acting.append((episode, action))
+            results = step_many([e.env for e, _ in acting], [a for _, a in acting])
+            for (episode, _), result in zip(acting, results, strict=True):
+                self._stepped(episode, result)
 
-    def _turn(self, episode: Episode, reply: List[int]) -> None:
+    def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
+        """Record the agent's reply; its action, or None after a format error (answered
+        with the format hint)."""
         episode.ids += reply
         episode.mask += [1] * len(reply)
         episode.turns += 1
@@ -127,19 +140,31 @@ class TrajectoryEnvManager:
         if action is None:
             episode.format_errors += 1
             episode.reward += self.format_penalty
-            observation = FORMAT_HINT.format(instructions=episode.env.instructions)
-            done = False
-        else:
-            try:
-                observation, reward, done, info = episode.env.step(action)
-                reward = float(reward)
-                if reward != reward or abs(reward) == float("inf"):
-                    raise ValueError(f"reward {reward} is not finite")
-            except Exception as exc:
-                self._fail(episode, "step", exc)
-                return
-            episode.reward += reward
-            episode.success = bool((info or {}).get("success", False))
+            self._observe(episode, FORMAT_HINT.format(instructions=episode.env.instructions),
+                          False)
+        return action
+
+    def _stepped(self, episode: Episode, result: Any) -> None:
+        if isinstance(result, BaseException):
+            self._fail(episode, getattr(result, "kind", "step"), result)
+            return
+        try:
+            observation, reward, done, info = result
+            reward = float(reward)
+        except (TypeError, ValueError) as exc:
+            self._fail(episode, "malformed", ValueError(
+                f"step() returned {str(result)[:200]!r}, not (observation, reward, done, "
+                f"info) with a numeric reward ({exc})"))
+            return
+        if reward != reward or abs(reward) == float("inf"):
+            self._fail(episode, "malformed", ValueError(f"reward {reward} is not finite"))
+            return
+        episode.reward += reward
+        episode.success = bool((info or {}).get("success", False))
+        self._observe(episode, observation, bool(done))
+
+    def _observe(self, episode: Episode, observation: Any, done: bool) -> None:
+        """End the episode, or append the environment's reply for the next turn."""
         if done or episode.turns >= self.max_actions:
             episode.done = True
             return
@@ -156,8 +181,9 @@ class TrajectoryEnvManager:
         self.errors[kind] = self.errors.get(kind, 0) + 1
         if kind not in self._warned:
             self._warned.add(kind)
-            print(f"[siirl] environment {type(episode.env).__name__} failed in {kind}() "
-                  f"(seed {episode.seed}): {type(exc).__name__}: {exc}; the episode ends "
+            name = type(getattr(episode.env, "local", episode.env)).__name__
+            print(f"[siirl] environment {name} failed ({kind}, seed {episode.seed}): "
+                  f"{type(exc).__name__}: {exc}; the episode ends "
                   f"with reward {self.error_penalty:g} (counted in env/errors/{kind}; "
                   "further failures are only counted)", file=sys.stderr, flush=True)
 
