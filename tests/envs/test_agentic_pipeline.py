@@ -75,3 +75,23 @@ def test_an_agentic_run_goes_through_the_dag(tmp_path):
         assert record["env/turns/mean"] <= 2
         assert "env/Sok/success_rate" in record and "env/Calc/success_rate" in record
         assert "actor/pg_loss" in record
+
+
+def test_agentic_ppo_trains_a_critic(tmp_path):
+    cmd = [sys.executable, "-m", "siirl.main_dag", "algorithm.workflow_type=AGENTIC",
+           "algorithm.adv_estimator=gae", "+custom_envs.Sok.env_type=sokoban",
+           "env_manager.max_actions_per_traj=2", "data.max_response_length=8",
+           "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+           "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path}",
+           "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+           "trainer.logger=[]", "trainer.device=cpu"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.run([*cmd, "--print-dag"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "critic_value" in proc.stdout and "critic_train" in proc.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert "critic/vf_loss" in record and "env/Sok/success_rate" in record

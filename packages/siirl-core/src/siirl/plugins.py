@@ -38,7 +38,7 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
                            "frozen_lake": "siirl-envs[gym]"},
     "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "embodied")},
-                        "agentic": "siirl-envs"},
+                        "agentic": "siirl-envs", "agentic_ppo": "siirl-envs"},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {

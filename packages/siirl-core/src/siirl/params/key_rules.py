@@ -70,8 +70,10 @@ def _builtin_workflow_is_not(kind: str) -> Condition:
 
 
 def _critic_disagrees(config: Any, key: str) -> bool:
-    # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT workflow)
-    runs = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() == "DEFAULT" and \
+    # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT or the
+    # AGENTIC workflow)
+    runs = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() in (
+        "DEFAULT", "AGENTIC") and \
         str(_get(config, "algorithm.adv_estimator", "grpo")).lower() == "gae"
     return not _custom_workflow(config) and bool(_get(config, key)) != runs
 

@@ -3,8 +3,8 @@
 Order: ``dag.custom_pipeline_fn`` ("module:function" returning a TaskGraph or Pipeline),
 then ``dag.workflow_path`` (a YAML workflow), then ``dag.pipeline`` (a name registered in
 the ``siirl.pipelines`` entry-point group), then ``algorithm.workflow_type`` with
-``algorithm.adv_estimator`` (DAPO -> dapo, EMBODIED -> embodied, AGENTIC -> agentic, which
-siirl-envs registers; otherwise gae -> ppo and anything else -> grpo).
+``algorithm.adv_estimator`` (DAPO -> dapo, EMBODIED -> embodied, AGENTIC -> agentic or with
+gae agentic_ppo, which siirl-envs registers; otherwise gae -> ppo and anything else -> grpo).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def builtin_pipeline_name(config: Any) -> str:
         return "dapo"
     if workflow is WorkflowType.EMBODIED:
         return "embodied"
-    if workflow is WorkflowType.AGENTIC:
-        return "agentic"
     estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    if workflow is WorkflowType.AGENTIC:
+        return "agentic_ppo" if estimator == AdvantageEstimator.GAE.value else "agentic"
     return "ppo" if estimator == AdvantageEstimator.GAE.value else "grpo"
 
 
