@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from test_trajectory_manager import char_tokenizer, scripted
 
@@ -95,3 +96,25 @@ def test_agentic_ppo_trains_a_critic(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert "critic/vf_loss" in record and "env/Sok/success_rate" in record
+
+
+def test_step_level_rows_score_each_turn_by_its_discounted_return():
+    from siirl.environment.agentic.rollout_node import _step_rows, discounted_returns
+
+    assert discounted_returns([-0.1, -0.1, 11.0], 0.5) == [-0.1 - 0.05 + 2.75, -0.1 + 5.5, 11.0]
+    tokenizer, episodes = solved_episodes()
+    rows = _step_rows(episodes, tokenizer.pad_token_id, gamma=0.9)
+    turns = sum(e.turns for e in episodes)
+    assert rows.batch_size[0] == turns
+    row = 0
+    for episode in episodes:
+        returns = discounted_returns(episode.turn_rewards, 0.9)
+        assert sum(episode.turn_rewards) == pytest.approx(episode.reward)
+        for (start, end), value in zip(episode.turn_spans, returns, strict=True):
+            reply = rows["responses"][row][rows["response_mask"][row].bool()].tolist()
+            assert reply == episode.ids[start:end]  # the turn's reply, nothing else
+            prompt = rows["prompts"][row][rows["attention_mask"][row, :rows["prompts"].shape[1]]
+                                          .bool()].tolist()
+            assert prompt == episode.ids[:start]  # the episode so far
+            assert rows["token_level_scores"][row].sum() == pytest.approx(value)
+            row += 1

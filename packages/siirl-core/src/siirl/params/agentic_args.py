@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 class EnvManagerArguments:
     """How episodes become training rows (the trajectory-level env manager)."""
 
+    mode: str = field(
+        default="trajectory", metadata={"help": "trajectory: an episode is one sample (its "
+                                                "replies trained, observations masked); "
+                                                "step: each turn is one, scored by its "
+                                                "discounted return."})
+    gamma: float = field(
+        default=1.0, metadata={"help": "mode=step: the discount of later turns' rewards."})
     tags: list[str] | None = field(
         default=None, metadata={"help": "custom_envs tags to train on (null: all of them); "
                                         "prompt rows take them in turn."})

@@ -137,6 +137,52 @@ def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
     return batch
 
 
+def discounted_returns(rewards: Sequence[float], gamma: float) -> List[float]:
+    """``G_t = r_t + gamma * G_{t+1}`` for every turn t."""
+    returns, running = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        returns[t] = running
+    return returns
+
+
+def _step_rows(episodes: Sequence[Episode], pad_id: int, gamma: float) -> Any:
+    """The step-level env manager's rows: one per turn, its prompt the episode so far, its
+    response the turn's reply, its score the discounted return from that turn on."""
+    prompts, replies, scores, sources, groups, success = [], [], [], [], [], []
+    for episode in episodes:
+        returns = discounted_returns(episode.turn_rewards, gamma)
+        for (start, end), value in zip(episode.turn_spans, returns, strict=True):
+            prompts.append(episode.ids[:start])
+            replies.append(episode.ids[start:end])
+            scores.append(value)
+            sources.append(episode.tag)
+            groups.append(episode.group)
+            success.append(float(episode.success))
+    if not prompts:
+        raise RuntimeError("no episode got to its first turn")
+    left = _left_padded(prompts, pad_id)
+    width = max(1, max(len(r) for r in replies))
+    responses = torch.full((len(replies), width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(replies), width), dtype=torch.float32)
+    token_scores = torch.zeros((len(replies), width), dtype=torch.float32)
+    for row, reply in enumerate(replies):
+        responses[row, :len(reply)] = torch.tensor(reply, dtype=torch.long)
+        response_mask[row, :len(reply)] = 1.0
+        token_scores[row, max(len(reply) - 1, 0)] = scores[row]
+    attention = torch.cat([left[ATTENTION_MASK], response_mask.long()], dim=1)
+    batch = protocol.make_batch({
+        PROMPTS: left[INPUT_IDS], RESPONSES: responses, RESPONSE_MASK: response_mask,
+        INPUT_IDS: torch.cat([left[INPUT_IDS], responses], dim=1), ATTENTION_MASK: attention,
+        POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0),
+        TOKEN_LEVEL_SCORES: token_scores, TOKEN_LEVEL_REWARDS: token_scores.clone(),
+        COMPLETE: torch.tensor(success),
+    })
+    protocol.set_non_tensor(batch, UID, groups)
+    protocol.set_non_tensor(batch, DATA_SOURCE, sources)
+    return batch
+
+
 def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                     validate: bool = False, **_: Any) -> NodeOutput:
     """Node function: episodes for the prompt rows of ``batch`` -> rollout rows."""
@@ -185,6 +231,18 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     finally:
         for episode in episodes:
             episode.env.close()
-    out = _rows(episodes, pad_id)
+    mode = str(settings.mode or "trajectory").lower()
+    if mode not in ("trajectory", "step"):
+        raise ConfigError(f"env_manager.mode={settings.mode!r}: use trajectory (an episode "
+                          "is one sample) or step (each turn is one)")
+    if mode == "step" and int(getattr(worker, "world_size", 1) or 1) > 1:
+        # each worker's row count would follow its own episodes' turns, and the workers'
+        # optimizer steps (collectives) would no longer pair up
+        raise ConfigError("env_manager.mode=step runs on one worker for now (rows per "
+                          "worker vary with the episodes' turns); use mode=trajectory with "
+                          "several workers")
+    # validation scores whole episodes whatever the training mode
+    out = _step_rows(episodes, pad_id, float(settings.gamma)) \
+        if mode == "step" and not validate else _rows(episodes, pad_id)
     prefix = "val-env" if validate else "env"
     return NodeOutput(batch=out, metrics=manager.metrics(episodes, prefix))

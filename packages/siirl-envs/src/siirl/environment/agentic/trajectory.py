@@ -46,6 +46,15 @@ class Episode:
     success: bool = False
     done: bool = False
     error: Optional[str] = None  # the kind of environment failure that ended it
+    # per turn: where the reply sits in ``ids`` and the reward that followed it
+    turn_spans: List[tuple] = field(default_factory=list)
+    turn_rewards: List[float] = field(default_factory=list)
+
+    def add_reward(self, value: float) -> None:
+        """Reward for the latest turn (before the first turn: counted in the total only)."""
+        self.reward += value
+        if self.turn_rewards:
+            self.turn_rewards[-1] += value
 
     @property
     def response_ids(self) -> List[int]:
@@ -132,6 +141,8 @@ class TrajectoryEnvManager:
     def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
         """Record the agent's reply; its action, or None after a format error (answered
         with the format hint)."""
+        episode.turn_spans.append((len(episode.ids), len(episode.ids) + len(reply)))
+        episode.turn_rewards.append(0.0)
         episode.ids += reply
         episode.mask += [1] * len(reply)
         episode.turns += 1
@@ -139,7 +150,7 @@ class TrajectoryEnvManager:
         action = episode.env.parse_action(text)
         if action is None:
             episode.format_errors += 1
-            episode.reward += self.format_penalty
+            episode.add_reward(self.format_penalty)
             self._observe(episode, FORMAT_HINT.format(instructions=episode.env.instructions),
                           False)
         return action
@@ -159,7 +170,7 @@ class TrajectoryEnvManager:
         if reward != reward or abs(reward) == float("inf"):
             self._fail(episode, "malformed", ValueError(f"reward {reward} is not finite"))
             return
-        episode.reward += reward
+        episode.add_reward(reward)
         episode.success = bool((info or {}).get("success", False))
         self._observe(episode, observation, bool(done))
 
@@ -177,7 +188,7 @@ class TrajectoryEnvManager:
 
     def _fail(self, episode: Episode, kind: str, exc: BaseException) -> None:
         episode.error, episode.done = kind, True
-        episode.reward += self.error_penalty
+        episode.add_reward(self.error_penalty)
         self.errors[kind] = self.errors.get(kind, 0) + 1
         if kind not in self._warned:
             self._warned.add(kind)
