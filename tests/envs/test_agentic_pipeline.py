@@ -118,3 +118,27 @@ def test_step_level_rows_score_each_turn_by_its_discounted_return():
             assert prompt == episode.ids[:start]  # the episode so far
             assert rows["token_level_scores"][row].sum() == pytest.approx(value)
             row += 1
+
+
+@pytest.mark.parametrize("grouping", ["state", "batch"])
+def test_score_normalization(grouping):
+    from siirl.environment.agentic.rollout_node import normalize_scores
+
+    tokenizer, episodes = solved_episodes()
+    episodes[1].reward = 3.0  # two groups of one: make the scores differ
+    rows = _rows(episodes, tokenizer.pad_token_id)
+    before = rows["token_level_scores"].clone()
+    normalize_scores(rows, grouping, "identity")
+    assert torch.equal(rows["token_level_scores"], before)
+    normalize_scores(rows, grouping, "mean")
+    totals = rows["token_level_scores"].sum(dim=-1)
+    if grouping == "state":  # each seed its own group: nothing left after the mean
+        assert torch.equal(totals, torch.zeros(2))
+    else:
+        rewards = torch.tensor([e.reward for e in episodes])
+        assert torch.allclose(totals, rewards - rewards.mean())
+    # the score sits on each row's last trained token
+    mask = rows["response_mask"]
+    last = mask.shape[1] - 1 - mask.flip(dims=[1]).argmax(dim=-1)
+    assert torch.equal(rows["token_level_scores"].sum(dim=-1),
+                       rows["token_level_scores"][torch.arange(2), last])

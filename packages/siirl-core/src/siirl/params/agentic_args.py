@@ -5,6 +5,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class RewardNormalizationArguments:
+    """ROLL's score normalization before advantages."""
+
+    grouping: str = field(
+        default="state", metadata={"help": "state: the episodes from one seed; batch: all."})
+    method: str = field(
+        default="identity", metadata={"help": "identity, mean (minus the group mean) or "
+                                              "mean_std (also divided by its std)."})
+
+
+@dataclass
 class EnvManagerArguments:
     """How episodes become training rows (the trajectory-level env manager)."""
 
@@ -28,6 +39,8 @@ class EnvManagerArguments:
                                         "at most, in tokens."})
     format_penalty: float = field(
         default=-0.1, metadata={"help": "Reward added for a reply with no parsable action."})
+    reward_normalization: RewardNormalizationArguments = field(
+        default_factory=RewardNormalizationArguments)
     env_processes: int = field(
         default=0, metadata={"help": "Worker processes hosting the environments (0: in the "
                                      "training worker); a hung or crashed one ends only its "

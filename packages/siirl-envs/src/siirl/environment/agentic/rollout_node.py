@@ -183,6 +183,37 @@ def _step_rows(episodes: Sequence[Episode], pad_id: int, gamma: float) -> Any:
     return batch
 
 
+NORMALIZATIONS = ("identity", "mean", "mean_std")
+GROUPINGS = ("state", "batch")
+
+
+def normalize_scores(rows: Any, grouping: str, method: str, eps: float = 1e-6) -> None:
+    """ROLL's score normalization, in place on ``token_level_scores``/``rewards``: each row's
+    score minus its group's mean (``mean``), also divided by the group's std
+    (``mean_std``); groups are the episodes from one seed (``state``) or the whole batch."""
+    if method == "identity":
+        return
+    scores = rows[TOKEN_LEVEL_SCORES]
+    totals = scores.sum(dim=-1)
+    keys = protocol.get_non_tensor(rows, UID) if grouping == "state" else [""] * len(totals)
+    normalized = totals.clone()
+    for key in set(keys):
+        index = torch.tensor([i for i, k in enumerate(keys) if k == key])
+        group = totals[index]
+        centred = group - group.mean()
+        if method == "mean_std" and len(group) > 1:
+            centred = centred / (group.std() + eps)
+        normalized[index] = centred
+    # one score per row, on its last trained token (the episode's or turn's last reply token)
+    mask = rows[RESPONSE_MASK]
+    width = mask.shape[1]
+    last = width - 1 - mask.flip(dims=[1]).argmax(dim=-1)
+    new = torch.zeros_like(scores)
+    new[torch.arange(len(totals)), last] = normalized
+    rows.set(TOKEN_LEVEL_SCORES, new)
+    rows.set(TOKEN_LEVEL_REWARDS, new.clone())
+
+
 def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                     validate: bool = False, **_: Any) -> NodeOutput:
     """Node function: episodes for the prompt rows of ``batch`` -> rollout rows."""
@@ -244,5 +275,12 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     # validation scores whole episodes whatever the training mode
     out = _step_rows(episodes, pad_id, float(settings.gamma)) \
         if mode == "step" and not validate else _rows(episodes, pad_id)
+    norm = settings.reward_normalization
+    if str(norm.method) not in NORMALIZATIONS or str(norm.grouping) not in GROUPINGS:
+        raise ConfigError(f"env_manager.reward_normalization: method={norm.method!r} "
+                          f"(one of {NORMALIZATIONS}), grouping={norm.grouping!r} (one of "
+                          f"{GROUPINGS})")
+    if not validate:  # validation reports the environments' own scores
+        normalize_scores(out, str(norm.grouping), str(norm.method))
     prefix = "val-env" if validate else "env"
     return NodeOutput(batch=out, metrics=manager.metrics(episodes, prefix))
