@@ -1,4 +1,5 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``."""
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
+``nox -s reliability``."""
 
 import nox
 
@@ -33,6 +34,19 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio",
                 "torchcodec")
     session.run("python", "-m", "pytest", "-q", "-m", "vllm", *session.posargs)
+
+
+@nox.session
+def reliability(session: nox.Session) -> None:
+    """The whole reliability corpus (tests/reliability/cases.py): every bad config, bad data,
+    bad reward code, bad checkpoint, disk fault, signal and worker fault, each as the real
+    command. The default ``pytest`` runs only the cases rejected before anything loads."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package)
+    session.run("python", "-m", "pytest", "-q", "tests/reliability", *session.posargs,
+                env={"SIIRL_RELIABILITY": "all"})
 
 
 @nox.session

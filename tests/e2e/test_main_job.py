@@ -98,7 +98,7 @@ def test_raising_and_hanging_reward_functions_leave_the_run_going(tmp_path):
                        "custom_reward_function.name=flaky_score",
                        "+custom_reward_function.reward_kwargs.timeout_s=1.0", timeout=300)
     step = training(tmp_path)[1]
-    assert step["reward/errors"] > 0 and step["reward/timeouts"] > 0
+    assert step["reward/errors/exception"] > 0 and step["reward/errors/timeout"] > 0
     assert "user reward bug" in proc.stderr or "reward" in proc.stderr
 
 

@@ -60,7 +60,7 @@ def test_wrong_type_names_the_key():
 
 def test_print_config_shows_overrides_and_verl_defaults():
     proc = siirl_train("actor_rollout_ref.rollout.n=8", "data.train_batch_size=16",
-                       "--print-config")
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=16", "--print-config")
     assert proc.returncode == 0, proc.stderr
     assert "n: 8" in proc.stdout and "train_batch_size: 16" in proc.stdout
     assert "clip_ratio: 0.2" in proc.stdout
@@ -163,7 +163,8 @@ def test_usage_conventions():
     assert version.returncode == 0
     for dist in ("siirl-data", "siirl-core", "siirl-engine", "siirl-envs"):
         assert dist in version.stdout
-    cfg = siirl_train("--cfg", "job", "data.train_batch_size=3")
+    cfg = siirl_train("--cfg", "job", "data.train_batch_size=3",
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=3")
     assert cfg.returncode == 0 and "train_batch_size: 3" in cfg.stdout
 
 

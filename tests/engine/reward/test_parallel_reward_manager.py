@@ -59,13 +59,15 @@ def test_raising_and_hanging_rows_cost_only_themselves(reward_path, manager_fact
     elapsed = time.monotonic() - start
     assert elapsed < 8.0, elapsed  # worker start-up + one 1 s timeout, never the sleep
     assert get_non_tensor(out.batch, "score") == [1.25, 0.0, 0.0, 1.25, 0.0, 0.25]
-    assert out.metrics["reward/timeouts"] == 1.0
-    assert out.metrics["reward/errors"] == 2.0  # the exception and the dead worker
+    assert out.metrics["reward/errors/timeout"] == 1.0
+    assert out.metrics["reward/errors/exception"] == 1.0
+    assert out.metrics["reward/errors/exit"] == 1.0  # the dead worker
+    assert out.metrics["reward/errors"] == 3.0
     assert out.batch["token_level_scores"][3, 0] == 1.25
     text = caplog.text
-    assert "row 1 (data_source 'src')" in text and "no result within 1s" in text
-    assert "row 2 (data_source 'src')" in text and "RuntimeError: bad row" in text
-    assert "row 4" in text and "exit code 3" in text
+    assert "sample 1 (data_source 'src')" in text and "no result within timeout_s=1 s" in text
+    assert "sample 2 (data_source 'src')" in text and "RuntimeError: bad row" in text
+    assert "sample 4" in text and "exit code 3" in text
 
     # the killed workers were replaced: the next call works and is quick
     start = time.monotonic()
@@ -82,7 +84,7 @@ def test_default_rules_and_config_timeout(manager_factory):
     out = manager.compute_reward(batch)
     assert get_non_tensor(out.batch, "score") == [1.0, 1.0]
     assert get_non_tensor(out.batch, "acc") == [True, False]
-    assert out.metrics["reward/errors"] == 0.0 and out.metrics["reward/timeouts"] == 0.0
+    assert out.metrics["reward/errors"] == 0.0 and out.metrics["reward/errors/timeout"] == 0.0
     # a data_source without a rule is a setup error: raised in the parent, not a 0.0
     with pytest.raises(ConfigError, match="'nope'.*custom_reward_function.path"):
         manager.compute_reward(make_reward_batch(["1"], ["nope"], ["1"]))

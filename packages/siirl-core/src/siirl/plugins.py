@@ -32,7 +32,7 @@ GROUPS: Dict[str, str] = {
 PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.engines": {"fsdp": "siirl-engine", "megatron": "siirl-engine[megatron]"},
     "siirl.rollouts": {"hf": "siirl-engine", "vllm": "siirl-engine[vllm]",
-                       "sglang": "siirl-engine[sglang]"},
+                       "sglang": "siirl-engine[sglang]", "multi_turn": "siirl-envs"},
     "siirl.reward_managers": {name: "siirl-engine" for name in
                               ("naive", "batch", "parallel", "dapo")},
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",

@@ -3,8 +3,10 @@
 ``build(roles)`` creates them in a fixed order (the actor first) and wires them
 explicitly: each factory is handed the engines built before it as ``peers`` (the
 reference starts from the actor's initial weights, the ``hf`` rollout generates with the
-actor's model). A factory that cannot work without a peer says so in ``peer_roles``
-(``HFRollout.peer_roles = ("actor",)``); that peer is then built even when no node of the
+actor's model; with ``rollout.multi_turn.enable`` the rollout engine is wrapped in the
+``multi_turn`` rollout plugin, which gets it as ``peers["rollout"]``). A factory that
+cannot work without a peer says so in ``peer_roles`` (``HFRollout.peer_roles =
+("actor",)``); that peer is then built even when no node of the
 graph uses it, e.g. for a pipeline of a rollout and custom nodes only. The worker then
 holds typed engine objects (``engines.actor``, ...), not names looked up at call time.
 """
@@ -31,6 +33,10 @@ ROLE_SOURCES: Dict[str, Tuple[str, str, str]] = {
     "reward": ("siirl.reward_managers", "reward_model.reward_manager", ""),
 }
 BUILD_ORDER = ("actor", "rollout", "reference", "critic", "reward")
+# With this key true the rollout engine of rollout.name is wrapped in the "multi_turn"
+# rollout plugin (siirl-envs: the tool-calling loop), handed the engine as peers["rollout"].
+MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn.enable"
+MULTI_TURN_PLUGIN = "multi_turn"
 
 _NODE_ROLE_TO_ENGINE = {
     NodeRole.ROLLOUT: "rollout",
@@ -86,6 +92,12 @@ class WorkerEngines:
         for role in roles:
             group, name, key = self.plugin_name(role)
             load_plugin(group, name, what=f"{key}={name}")
+            if self._multi_turn(role, name):
+                load_plugin(group, MULTI_TURN_PLUGIN, what=f"{MULTI_TURN_KEY}=true")
+
+    def _multi_turn(self, role: str, name: str) -> bool:
+        return role == "rollout" and name != MULTI_TURN_PLUGIN and \
+            bool(select(self.config, MULTI_TURN_KEY, False))
 
     def peer_roles(self, role: str) -> Tuple[str, ...]:
         """Roles the plugin of ``role`` needs built before it (its factory's ``peer_roles``;
@@ -125,6 +137,10 @@ class WorkerEngines:
         if _accepts(factory, "peers"):
             kwargs["peers"] = dict(self._engines)
         engine = factory(**kwargs)
+        if self._multi_turn(role, name):
+            wrapper = load_plugin(group, MULTI_TURN_PLUGIN, what=f"{MULTI_TURN_KEY}=true")
+            engine = wrapper(role=role, config=self.config, worker=self.worker,
+                             peers={**self._engines, "rollout": engine})
         protocol = ROLE_PROTOCOLS[role]
         if not isinstance(engine, protocol):
             raise PluginNotFoundError(

@@ -2,7 +2,8 @@
 wandb; ``metrics.jsonl`` is always written under ``trainer.default_local_dir``.
 
 Every record carries ``"step"``. Files are appended and flushed per record, so a crash
-loses nothing already logged, and a resumed run continues the same file.
+loses nothing already logged, and a resumed run continues the same file after dropping
+the records of steps past its checkpoint (it runs them again): each step appears once.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from siirl.dag_worker.checkpoint_errors import StorageError
 from siirl.dag_worker.console import ConsoleLogger
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
@@ -21,11 +23,46 @@ def _finite(value: float):
     return value if math.isfinite(value) else str(value)
 
 
+def truncate_records(path: str, keep_through: int) -> int:
+    """Keep the records of steps <= ``keep_through`` (and no torn last line); how many
+    were dropped. Rewritten atomically: a crash leaves the old file or the new one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line torn by a crash mid-write
+        if isinstance(step, (int, float)) and step <= keep_through:
+            kept.append(line)
+    dropped = sum(1 for line in lines if line.strip()) - len(kept)
+    if dropped:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
 class JsonlLogger:
-    def __init__(self, directory: str):
-        os.makedirs(directory, exist_ok=True)
+    """``keep_through``: the step this run starts after (records of later steps are
+    dropped first, so a resumed run logs each step once); None appends to what is there."""
+
+    def __init__(self, directory: str, keep_through: Optional[int] = None):
         self.path = os.path.join(directory, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if keep_through is not None:
+                truncate_records(self.path, keep_through)
+            self._file = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise StorageError(f"{self.path} cannot be written ({reason}); metrics.jsonl "
+                               "must be a writable file in trainer.default_local_dir") from exc
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
@@ -95,7 +132,8 @@ class Tracking:
             logger.close()
 
 
-def build_tracking(config: Any, console: bool = True) -> Tracking:
+def build_tracking(config: Any, console: bool = True,
+                   keep_through: Optional[int] = None) -> Tracking:
     names = select(config, "trainer.logger", ["console"])
     names = [names] if isinstance(names, str) else list(names)
     known = {"console", "tensorboard", "wandb"}
@@ -104,7 +142,7 @@ def build_tracking(config: Any, console: bool = True) -> Tracking:
         raise ConfigError(f"trainer.logger: unknown logger(s) {unknown}; available: "
                           f"{', '.join(sorted(known))} (metrics.jsonl is always written)")
     directory = str(select(config, "trainer.default_local_dir", "."))
-    loggers: List[Any] = [JsonlLogger(directory)]
+    loggers: List[Any] = [JsonlLogger(directory, keep_through)]
     if "console" in names and console:
         loggers.append(ConsoleLogger(config))
     if "tensorboard" in names:

@@ -33,6 +33,7 @@ from siirl.dag_worker.checkpoint_manager import (
 )
 from siirl.dag_worker.console import Progress
 from siirl.dag_worker.quiet_libraries import QuietLibraries
+from siirl.dag_worker.step_health import StepHealth
 from siirl.dag_worker.tracking import Tracking, build_tracking
 from siirl.dag_worker.validator import validate
 from siirl.errors import ConfigError
@@ -102,16 +103,16 @@ class Trainer:
 
     def _maybe_resume(self) -> bool:
         mode = str(select(self.config, "trainer.resume_mode", "auto"))
-        if mode == "disable":
-            return False
-        path = select(self.config, "trainer.resume_from_path") if mode == "resume_path" \
-            else self.checkpoints.latest()
-        path = self.worker.comm.broadcast(path)  # rank 0's choice, should a save race it
+        path = select(self.config, "trainer.resume_from_path")
         if mode == "resume_path" and not path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
-        if not path:
+        # auto: the newest intact checkpoint (a damaged one is skipped with a warning)
+        found = self.checkpoints.restore(
+            self._stateful_engines(), self.worker.comm, mode=mode, path=path,
+            needs_dataloader=self.worker.train_loader is not None)
+        if found is None:
             return False
-        state = self.checkpoints.load(path, self._stateful_engines(), self.worker.comm.rank)
+        path, state = found
         self.worker.global_step = int(state["global_step"])
         if state.get("dataloader") is not None and self.worker.train_loader is not None:
             self.worker.train_loader.load_state_dict(state["dataloader"])
@@ -120,6 +121,10 @@ class Trainer:
         if self.worker.comm.is_chief:
             print(f"resumed from {path} at step {self.worker.global_step}", flush=True)
         return True
+
+    def _reward_engine(self) -> Any:
+        engines = getattr(self.worker, "engines", None)
+        return engines.get("reward") if engines is not None and "reward" in engines else None
 
     def _batches(self):
         loader = self.worker.train_loader
@@ -170,9 +175,12 @@ class Trainer:
         startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
         startup.settle()  # everything loaded: later collections skip it
         comm = self.worker.comm
-        tracking = build_tracking(self.config) if comm.is_chief else Tracking([])
+        # metrics.jsonl keeps the records up to the resumed step (later ones are redone)
+        tracking = build_tracking(self.config, keep_through=self.worker.global_step
+                                  if resumed else -1) if comm.is_chief else Tracking([])
         history = []
         progress = None
+        health = StepHealth(self.config, self._reward_engine, chief=comm.is_chief)
         try:
             if select(self.config, "trainer.val_only", False):
                 return self._validate_only(tracking)
@@ -199,6 +207,7 @@ class Trainer:
                     metrics.update(startup_metrics)
                     startup_metrics = {}
                 metrics = comm.reduce_metrics(metrics)
+                health.count_skipped(step, metrics)
                 last = step == steps
                 val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),
                                                 last) else {}
@@ -208,11 +217,13 @@ class Trainer:
                 if val:
                     tracking.log(step, val)
                     history.append({"step": step, **val})
+                health.check_rewards(metrics)  # stops a run whose rewards all fail
                 if _due(step, select(self.config, "trainer.save_freq"), last):
                     self.checkpoints.save(step, self._stateful_engines(),
-                                          self._trainer_state(), comm)
+                                          self._trainer_state(), comm, final=last)
                 if comm.is_chief:  # start-up and first-step warnings are in by now
                     quiet.announce()
+            health.summary()
         finally:
             if progress is not None:
                 progress.close()  # clear the bar so an error message stands alone

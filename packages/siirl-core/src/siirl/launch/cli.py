@@ -140,6 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"siirl-train: error: {exc}{hint}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except KeyboardInterrupt as exc:
+        signals.ignore_further()  # a second Ctrl-C must not cut the shutdown short
         terminated = signals.terminated(exc)
         print(f"siirl-train: {'terminated' if terminated else 'interrupted'}; the last "
               "committed checkpoint is kept", file=sys.stderr)

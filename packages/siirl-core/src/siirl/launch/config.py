@@ -10,10 +10,11 @@ from typing import Any, List, Optional
 
 
 def load_config(overrides: List[str], config_file: Optional[str] = None) -> Any:
-    """Validated configuration (an unknown key or a wrong type raises ConfigError)."""
+    """Validated configuration: every unknown key, wrong type, value out of range or
+    inconsistent pair of keys is listed in one ConfigError (siirl/params/validation.py)."""
     from siirl.params.parser import parse_config  # hydra is heavy: only when a job starts
 
-    return parse_config(overrides, config_file)
+    return parse_config(overrides, config_file, validate=True)
 
 
 def format_config(config: Any) -> str:

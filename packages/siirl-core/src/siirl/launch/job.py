@@ -14,6 +14,8 @@ from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 
 def run(config: Any, print_dag: bool = False) -> Optional[list]:
     """Run the job (or only print its workflow and per-worker plan); rank 0's metric history."""
+    from siirl.dag_worker.checkpoint_storage import check_output_dir
+    from siirl.execution.config_select import select
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.execution.scheduler.launch import num_workers
     from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
@@ -21,6 +23,8 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
 
     if not print_dag:
         check_inputs(config)  # a missing dataset or model stops the job before anything loads
+        if int(select(config, "trainer.nnodes", 1)) == 1:  # elsewhere: the workers' folder
+            check_output_dir(select(config, "trainer.default_local_dir", "."))
     graph = load_pipeline(config)
     plan = TaskScheduler(num_workers(config)).schedule(graph)
     if print_dag:

@@ -37,6 +37,14 @@ def handle_sigterm() -> None:
         _installed = True
 
 
+def ignore_further() -> None:
+    """Once the command is stopping: further SIGINT/SIGTERM are ignored so the interpreter's
+    own clean-up (Ray's exit hooks) finishes and the exit status stays 130/143."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def reinstall() -> None:
     """After ``ray.init``, whose C++ failure handler takes SIGTERM over (it logs and exits
     1): ours again, where the command had installed it."""

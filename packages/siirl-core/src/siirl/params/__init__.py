@@ -8,7 +8,7 @@ group. The schema holds no behaviour: parsing, merging and validation live elsew
 from dataclasses import dataclass, field
 from typing import Any
 
-from siirl.params.agentic_args import EnvManagerArguments
+from siirl.params.agentic_args import EnvManagerArguments, RewardNormalizationArguments
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import CustomClsArguments, DataArguments, SamplerArguments
 from siirl.params.model_args import (
@@ -87,6 +87,7 @@ __all__ = [
     "RefArguments",
     "RewardModelArguments",
     "RewardModelModelArguments",
+    "RewardNormalizationArguments",
     "RolloutArguments",
     "SamplerArguments",
     "SandboxFusionArguments",

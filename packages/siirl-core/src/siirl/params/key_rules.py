@@ -287,12 +287,18 @@ RULES: Tuple[Rule, ...] = (
     _na(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
         "the hf rollout samples with the training module itself, so its log-probs are the "
         "old_log_prob node's.", _hf_rollout),
-    _refused(f"{ROLLOUT}.multi_turn.enable", "multi-turn lands with issue 17",
-             "multi-turn / tool-calling rollouts are not implemented yet (issue 17); "
-             "rollouts are single-turn."),
-    _na(f"{ROLLOUT}.multi_turn.*", "no effect: multi-turn is off",
-        "multi_turn settings only act with multi_turn.enable=true, which this release "
-        "refuses."),
+    _na((f"{ROLLOUT}.multi_turn.max_turns", f"{ROLLOUT}.multi_turn.use_inference_chat_template",
+         f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode"),
+        "no effect: a conversation is one token list",
+        "the conversation keeps the model's own tokens and renders tool turns with the "
+        "tokenizer's chat template, so nothing is re-tokenized or checked; bound turns with "
+        "multi_turn.max_assistant_turns / max_user_turns (max_turns is verl's old name)."),
+    _na(tuple(f"{ROLLOUT}.multi_turn.{k}" for k in (
+            "max_assistant_turns", "max_user_turns", "tool_config_path",
+            "interaction_config_path", "max_parallel_calls", "max_tool_response_length",
+            "tool_response_truncate_side", "format")), "no effect: multi-turn is off",
+        "multi_turn settings only act with actor_rollout_ref.rollout.multi_turn.enable=true.",
+        lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
     # -- critic
     _refused("critic.enable", "the workflow decides whether a critic runs",
              "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "
@@ -308,11 +314,15 @@ RULES: Tuple[Rule, ...] = (
              "model-based rewards are not implemented yet (issue 19); rewards come from "
              "reward_model.reward_manager with default_compute_score or "
              "custom_reward_function."),
-    _refused("reward_model.sandbox_fusion.url", "sandbox fusion is not supported",
-             "remote code execution (sandbox fusion) is not supported; run code in your own "
-             "custom_reward_function (a sandboxed tool lands with issue 17)."),
+    _refused("reward_model.sandbox_fusion.url", "serves the multi-turn python tool only",
+             "sandbox fusion runs the python tool of multi-turn rollouts "
+             "(actor_rollout_ref.rollout.multi_turn.enable=true with a tool config); rewards "
+             "do not use it: run code checks in your own custom_reward_function.",
+             lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
     _na("reward_model.sandbox_fusion.*", "no effect without sandbox_fusion.url",
-        "it only acts with reward_model.sandbox_fusion.url, which this release refuses."),
+        "it only acts with reward_model.sandbox_fusion.url, for the multi-turn python tool.",
+        lambda config, key: not _get(config, "reward_model.sandbox_fusion.url") or
+        not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
     _na("reward_model.launch_reward_fn_async", "no effect: rewards are scored in the step",
         "rewards are scored inside the step; reward_model.reward_manager=parallel scores in "
         "a process pool."),

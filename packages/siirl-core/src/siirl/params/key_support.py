@@ -30,7 +30,7 @@ from siirl.errors import ConfigError
 from siirl.params.key_rules import NOT_APPLYING, REFUSED, RULES, Rule
 
 __all__ = ["NOT_APPLYING", "REFUSED", "RULES", "Rule", "changed_keys", "check_key_support",
-           "help_tag", "leaf_defaults", "rule_for"]
+           "help_tag", "leaf_defaults", "not_applying_notices", "refused_problems", "rule_for"]
 
 
 # ---- checking a configuration -----------------------------------------------------------
@@ -111,6 +111,20 @@ def _grouped(changed: Dict[str, Any], config: Any, kind: str) -> List[Tuple[Rule
     return list(groups.values())
 
 
+def refused_problems(config: Any) -> List[str]:
+    """One line per reason for the refused keys ``config`` sets (the validation pass)."""
+    return [f"{', '.join(keys)}: this release would ignore "
+            f"{'it' if len(keys) == 1 else 'them'}: {rule.why}"
+            for rule, keys in _grouped(changed_keys(config), config, REFUSED)]
+
+
+def not_applying_notices(config: Any) -> List[str]:
+    """One notice line per reason for the set keys that do not apply to this run."""
+    return [f"note: {', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect in "
+            f"this run: {rule.why}"
+            for rule, keys in _grouped(changed_keys(config), config, NOT_APPLYING)]
+
+
 def check_key_support(config: Any) -> List[str]:
     """Raise ``ConfigError`` naming every refused key that is set; return one notice line per
     reason for the set keys that do not apply to this run."""
@@ -122,8 +136,7 @@ def check_key_support(config: Any) -> List[str]:
         raise ConfigError("the run stops before it starts, because it would ignore "
                           + ("this setting" if count == 1 else "these settings")
                           + ": " + " ".join(parts))
-    return [f"note: {', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect in "
-            f"this run: {rule.why}" for rule, keys in _grouped(changed, config, NOT_APPLYING)]
+    return not_applying_notices(config)
 
 
 @lru_cache(maxsize=1)

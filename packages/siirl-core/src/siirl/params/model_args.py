@@ -83,8 +83,9 @@ class ModelArguments:
 
     path: str | None = field(
         default=None,
-        metadata={"help": "Local HF directory, a .gguf file, 'smollm2', or null for the "
-                          "built-in tiny arithmetic model."},
+        metadata={"help": "Local HF directory, a .gguf file, 'smollm2', a built-in name "
+                          "(builtin:tiny-arith, builtin:tiny-arith-hd32, builtin:tiny-agent), "
+                          "or null for the built-in tiny arithmetic model."},
     )
     custom_chat_template: str | None = None
     use_shm: bool = False
@@ -221,8 +222,9 @@ class RolloutArguments:
         default="hf", metadata={"help": "Rollout engine: a name in the siirl.rollouts plugin "
                                         "group (siirl-train --help lists the installed ones)."}
     )
-    mode: str = "sync"  # sync | server (= async): vllm's in-process engine or vllm serve
-    server_timeout_s: float = 300.0  # mode=server: seconds for the vLLM server to be healthy
+    # sync | server (= async): vllm's in-process engine, or a vllm/sglang server per worker
+    mode: str = "sync"
+    server_timeout_s: float = 300.0  # mode=server: seconds for the server to be healthy
     # vllm: one seed per prompt (its samples do not depend on the rest of the batch) or,
     # false, one per generate call (in-process only; vLLM samples ~10% faster unseeded)
     seed_per_prompt: bool = True
@@ -382,6 +384,17 @@ class RewardModelArguments:
         default="naive", metadata={"help": "Reward manager: naive, batch, prime, dapo."}
     )
     launch_reward_fn_async: bool = False
+    # A user reward function runs in worker processes; a failing sample scores 0.0. These
+    # bound a step's reward time and how long a run goes on with no scored sample.
+    max_failed_steps: int = field(
+        default=3, metadata={"help": "Stop the run after this many consecutive steps in "
+                                     "which every reward failed (0: never stop)."}
+    )
+    step_timeout_s: float = field(
+        default=600.0, metadata={"help": "Seconds a step's rewards may take in all; samples "
+                                         "not scored by then score 0.0 (per call: "
+                                         "custom_reward_function.reward_kwargs.timeout_s)."}
+    )
     sandbox_fusion: SandboxFusionArguments = field(default_factory=SandboxFusionArguments)
     overlong_buffer: OverlongBufferArguments = field(default_factory=OverlongBufferArguments)
     megatron: MegatronArguments = field(default_factory=MegatronArguments)

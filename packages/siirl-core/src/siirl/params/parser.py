@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import sys
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -84,22 +84,16 @@ def _load_preset(path: str) -> DictConfig:
     return loaded
 
 
-def _parse_overrides(overrides: Sequence[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def _parse_override(parser, text: str):
     from hydra.errors import HydraException  # the lexer's errors are not OverrideParseException
 
-    parser = OverridesParser.create()
-    parsed = []
-    for text in overrides:
-        if "=" not in text and not text.startswith("~"):
-            raise ConfigError(f"command-line argument '{text}' is not key=value"
-                              f"{suggest(text)}")
-        try:
-            parsed.append(parser.parse_override(text))
-        except HydraException as exc:
-            raise ConfigError(f"cannot parse override '{text}': {str(exc).splitlines()[0]} "
-                              "(quote a value with special characters: key='...')") from None
-    return parsed
+    if "=" not in text and not text.startswith("~"):
+        raise ConfigError(f"command-line argument '{text}' is not key=value{suggest(text)}")
+    try:
+        return parser.parse_override(text)
+    except HydraException as exc:
+        raise ConfigError(f"cannot parse override '{text}': {str(exc).splitlines()[0]} "
+                          "(quote a value with special characters: key='...')") from None
 
 
 def _is_free_form(cfg: DictConfig, parent_key: str) -> bool:
@@ -145,16 +139,24 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
 
 
 def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = None,
-                 check_support: bool = True) -> DictConfig:
+                 check_support: bool = True, validate: bool = False) -> DictConfig:
     """Schema <- ``config_file`` (a preset YAML) <- ``overrides``; returns a resolved,
     struct-mode DictConfig (unknown keys stay errors for later writers too).
 
-    A value impossible together with another key raises ``ConfigError``
-    (siirl/params/constraints.py). With ``check_support`` (the default), a key this release
+    Every bad override (unknown key, wrong type, bad syntax) is reported at once, in one
+    ``InvalidConfigError``. With ``validate`` (what ``siirl-train`` does) the same error
+    also lists every value out of its range, every relation between keys the values break
+    and every refused key (siirl/params/validation.py). Without it only the overlong
+    buffer's constraint is checked (siirl/params/constraints.py), so tests and tools may
+    build a partial configuration. With ``check_support`` (the default), a key this release
     would ignore stops here with a ``ConfigError`` when ignoring it changes what the user
     gets, and is named in a notice on stderr when it only tunes something this run does not
     use (siirl/params/key_rules.py).
     """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from siirl.params.validation import InvalidConfigError, config_problems
+
     # Dataclass groups reject unknown keys by themselves; free-form dicts (override_config,
     # reward_kwargs, ...) stay open so a preset may fill them.
     cfg = OmegaConf.structured(SiiRLArguments)
@@ -163,14 +165,22 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
             cfg = OmegaConf.merge(cfg, _load_preset(config_file))
         except OmegaConfBaseException as exc:
             raise _error_for(exc, f"config file '{config_file}'") from None
-    overrides = list(overrides)
-    for text, override in zip(overrides, _parse_overrides(overrides), strict=True):
-        _apply_override(cfg, override, text)
+    parser, problems = OverridesParser.create(), []
+    for text in overrides:  # a bad override leaves its key at the earlier value
+        try:
+            _apply_override(cfg, _parse_override(parser, text), text)
+        except ConfigError as exc:
+            problems.append(str(exc))
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
-        raise _error_for(exc, "an interpolation (${...})") from None
+        raise InvalidConfigError([*problems, str(_error_for(exc, "an interpolation (${...})"))]
+                                 ) from None
     OmegaConf.set_struct(cfg, True)
+    if validate:
+        problems += config_problems(cfg)
+    if problems:
+        raise InvalidConfigError(problems)
     check_constraints(cfg)  # values that contradict another key: before anything loads
     if check_support:
         from siirl.params.key_support import check_key_support

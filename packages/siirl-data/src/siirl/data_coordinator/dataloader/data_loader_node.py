@@ -97,10 +97,20 @@ class StatefulDataLoader:
         self._batches_done = 0
         self._active: object | None = None
         if len(self) == 0:
-            raise DataError(
-                f"dataset has {len(dataset)} rows on this rank, fewer than batch_size="
-                f"{batch_size}{' with drop_last' if drop_last else ''}: no batch to load"
-            )
+            raise DataError(self._too_small())
+
+    def _too_small(self) -> str:
+        # a PartitionedDataset names its files, their row counts and what was filtered
+        describe = getattr(self.dataset, "describe", None)
+        what = f"the dataset ({describe()})" if callable(describe) else "the dataset"
+        rows = int(getattr(self.dataset, "num_rows_total", len(self.dataset)))
+        if self.num_ranks == 1 and not self.drop_last:
+            return f"{what} has no rows: no batch to load"
+        batch = self.batch_size * self.num_ranks
+        ranks = f" x {self.num_ranks} ranks = {batch}" if self.num_ranks > 1 else ""
+        return (f"too few rows for one batch: {what} keeps {rows} rows, fewer than "
+                f"batch_size={self.batch_size}{ranks} (data.train_batch_size={batch}); add "
+                "rows or lower data.train_batch_size")
 
     def __len__(self) -> int:
         n = len(self.dataset)

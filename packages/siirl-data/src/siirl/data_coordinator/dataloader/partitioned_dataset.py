@@ -6,6 +6,9 @@ filtering, kept row ``j`` (0-based, in file-list order) belongs to rank
 ``j % world_size`` (round-robin), so shares differ by at most one row and the ranks
 together cover every kept row exactly once. ``min_rank_rows`` (the smallest share) lets
 :class:`StatefulDataLoader` with ``drop_last`` give every rank the same number of batches.
+
+A bad row raises ``DataError`` naming the file, the row and the field; a dataset left with
+no row names its files, their row counts and the filter that emptied it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from siirl.data_coordinator.dataloader.row_files import read_rows
 from siirl.data_coordinator.fields import (
     ABILITY,
     DATA_SOURCE,
@@ -34,8 +38,6 @@ __all__ = ["PartitionedDataset", "encode_text", "render_prompt", "read_rows"]
 
 logger = logging.getLogger(__name__)
 
-_PARQUET_EXT = (".parquet", ".pq")
-_JSON_EXT = (".jsonl", ".json")
 _TRUNCATION = ("error", "left", "right")
 
 
@@ -57,44 +59,6 @@ def _as_paths(files: str | os.PathLike | Sequence) -> list[str]:
     if not paths:
         raise DataError("no dataset files given")
     return paths
-
-
-def _read_json_rows(path: str) -> list[Any]:
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    if path.endswith(".json") and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)  # a plain JSON array of rows
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON: {exc}") from None
-        return rows
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue  # blank lines (e.g. a trailing newline) are not rows
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: row {len(rows)}: not valid JSON: {exc}") from None
-    return rows
-
-
-def read_rows(path: str) -> list[Any]:
-    """All rows of one parquet or JSON-lines file as python dicts (unvalidated)."""
-    if not os.path.isfile(path):
-        raise DataError(f"dataset file not found: {path}")
-    lower = path.lower()
-    if lower.endswith(_PARQUET_EXT):
-        import pyarrow.parquet as pq
-
-        try:  # one file: ParquetFile, as read_table would also load pyarrow.dataset (~0.2 s)
-            with pq.ParquetFile(path) as parquet:
-                return parquet.read().to_pylist()
-        except Exception as exc:  # pyarrow raises several types for a bad file
-            raise DataError(f"{path}: cannot read parquet: {exc}") from None
-    if lower.endswith(_JSON_EXT):
-        return _read_json_rows(path)
-    raise DataError(f"{path}: unsupported file type (use .parquet, .jsonl or .json)")
 
 
 def _check_messages(value: Any, where: str, field: str) -> list[dict]:
@@ -137,7 +101,12 @@ def _validate(row: Any, where: str, prompt_key: str) -> dict:
         raise DataError(f"{where}: row must be an object/dict, got {type(row).__name__}")
     for field in (prompt_key, "data_source", "ability", "reward_model"):
         if row.get(field) is None:
-            raise DataError(f"{where}: missing required field {field!r}")
+            hint = " (data.prompt_key names the column of chat messages)" \
+                if field == prompt_key else ""
+            # a parquet row holds every column of the file: name those with a value
+            present = ", ".join(repr(k) for k in sorted(row) if row[k] is not None) or "none"
+            raise DataError(f"{where}: missing required field {field!r} (the row's fields: "
+                            f"{present}){hint}")
     messages = _check_messages(row[prompt_key], where, prompt_key)
     for field in ("data_source", "ability"):
         if not isinstance(row[field], str):
@@ -212,26 +181,17 @@ class PartitionedDataset:
                               f"got {self.truncation!r}")
 
         kept: list[dict] = []
-        self.num_filtered = 0
-        index = 0
+        self.file_counts: list[tuple[str, int, int]] = []  # (path, rows, filtered)
         for path in self.files:
-            for row_no, row in enumerate(read_rows(path)):
-                where = f"{path}: row {row_no}"
-                item = _validate(row, where, self.prompt_key)
-                item[PROMPT_TEXT] = render_prompt(tokenizer, item[RAW_PROMPT], template_kwargs)
-                ids = encode_text(tokenizer, item[PROMPT_TEXT])
-                item[INDEX] = index
-                index += 1
-                if len(ids) > self.max_prompt_length:
-                    if self.filter_overlong:
-                        self.num_filtered += 1
-                        continue
-                    ids = self._truncate(ids, where)
-                item[INPUT_IDS] = ids
-                kept.append(item)
+            kept += self._load_file(path, template_kwargs, first_index=sum(
+                rows for _, rows, _ in self.file_counts))
+        self.num_filtered = sum(filtered for _, _, filtered in self.file_counts)
         if self.filter_overlong:
             logger.info("filtered %d of %d prompts longer than %d tokens from %s",
-                        self.num_filtered, index, self.max_prompt_length, self.files)
+                        self.num_filtered, sum(rows for _, rows, _ in self.file_counts),
+                        self.max_prompt_length, self.files)
+        if not kept:
+            raise DataError(self._empty_message())
         self.num_rows_total = len(kept)  # kept rows over all ranks
         # the smallest rank's share: loaders with drop_last use it so that every rank
         # yields the same number of batches per epoch (collectives stay in step)
@@ -240,15 +200,62 @@ class PartitionedDataset:
         for item in self._items:  # tensors only for the rows this rank keeps
             item[INPUT_IDS] = torch.tensor(item[INPUT_IDS], dtype=torch.long)
 
+    def _load_file(self, path: str, template_kwargs: dict, first_index: int) -> list[dict]:
+        """The kept rows of one file, validated and tokenized; counts its rows and the
+        overlong ones filtered."""
+        kept, filtered, rows = [], 0, read_rows(path)
+        for row_no, row in enumerate(rows):
+            where = f"{path}: row {row_no}"
+            item = _validate(row, where, self.prompt_key)
+            try:
+                item[PROMPT_TEXT] = render_prompt(self.tokenizer, item[RAW_PROMPT],
+                                                  template_kwargs)
+            except Exception as exc:  # a chat template rejects these messages (jinja)
+                raise DataError(f"{where}: field {self.prompt_key!r}: the tokenizer's chat "
+                                f"template cannot render these messages: "
+                                f"{type(exc).__name__}: {exc}") from None
+            ids = encode_text(self.tokenizer, item[PROMPT_TEXT])
+            item[INDEX] = first_index + row_no
+            if len(ids) > self.max_prompt_length:
+                if self.filter_overlong:
+                    filtered += 1
+                    continue
+                ids = self._truncate(ids, where)
+            item[INPUT_IDS] = ids
+            kept.append(item)
+        self.file_counts.append((path, len(rows), filtered))
+        return kept
+
+    def _counts(self) -> str:
+        """'a.jsonl: 64 rows, 64 filtered; b.jsonl: 0 rows' (filtered: longer than the
+        prompt limit, with data.filter_overlong_prompts)."""
+        return "; ".join(f"{path}: {rows} rows" + (f", {filtered} filtered"
+                                                    if self.filter_overlong else "")
+                         for path, rows, filtered in self.file_counts)
+
+    def _empty_message(self) -> str:
+        if not self.num_filtered:
+            return (f"no rows in the dataset ({self._counts()}): each file is empty or holds "
+                    "only blank lines")
+        return (f"no prompt is left in the dataset ({self._counts()}): data.filter_overlong_"
+                f"prompts=true removed all {self.num_filtered} rows, whose prompts are longer "
+                f"than data.max_prompt_length={self.max_prompt_length} tokens; raise "
+                "data.max_prompt_length, or set data.filter_overlong_prompts=false and "
+                "data.truncation=left or right")
+
+    def describe(self) -> str:
+        """The files and their row counts, for messages about the dataset as a whole."""
+        return self._counts()
+
     def _truncate(self, ids: list[int], where: str) -> list[int]:
         limit = self.max_prompt_length
         if self.truncation == "left":
             return ids[-limit:] if limit > 0 else []
         if self.truncation == "right":
             return ids[:limit]
-        raise DataError(f"{where}: prompt has {len(ids)} tokens, more than "
-                        f"max_prompt_length={limit} (set data.filter_overlong_prompts=true "
-                        f"or data.truncation=left/right)")
+        raise DataError(f"{where}: field {self.prompt_key!r}: the prompt has {len(ids)} "
+                        f"tokens, more than data.max_prompt_length={limit} (set "
+                        "data.filter_overlong_prompts=true or data.truncation=left/right)")
 
     def __len__(self) -> int:
         return len(self._items)

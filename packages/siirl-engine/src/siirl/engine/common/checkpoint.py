@@ -10,6 +10,11 @@ and rank 0 the index (``.metadata``), so no rank ever holds the whole model to s
 Loading reshards: a ``dcp/`` checkpoint written by N ranks loads into M ranks, or into
 one unsharded module. Unsharded modules write ``model.safetensors`` + ``optimizer.pt``;
 those load into a sharded module as well (each rank takes its shard of the full state).
+
+Loading checks before it changes anything: every piece asked for is there, every file
+reads (``torch.load(weights_only=True)``, safetensors), and the weights' names and shapes
+are the module's. A damaged or incomplete checkpoint raises ``DamagedCheckpointError``
+(the trainer then falls back to an older one), another model's ``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from siirl.errors import DataError
+from siirl.dag_worker.checkpoint_errors import CheckpointError, DamagedCheckpointError
 
 MODEL_FILE = "model.safetensors"
 SHARDED_DIR = "dcp"  # torch.distributed.checkpoint: one file per rank + .metadata
@@ -81,9 +86,12 @@ def load_tensors(path: str) -> Dict[str, torch.Tensor]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    with safe_open(path, framework="pt") as handle:
-        aliases = json.loads((handle.metadata() or {}).get(_ALIASES_KEY, "{}"))
-    tensors = load_file(path)
+    try:
+        with safe_open(path, framework="pt") as handle:
+            aliases = json.loads((handle.metadata() or {}).get(_ALIASES_KEY, "{}"))
+        tensors = load_file(path)
+    except Exception as exc:  # SafetensorError: truncated, bad header
+        raise _damaged(os.path.dirname(path), os.path.basename(path), exc) from exc
     for alias, name in aliases.items():
         tensors[alias] = tensors[name]
     return tensors
@@ -184,24 +192,118 @@ def save_checkpoint(directory: str, module: torch.nn.Module, optimizer: Any, ext
 def load_checkpoint(directory: str, module: torch.nn.Module, optimizer: Any, *,
                     sharded: bool = False, group: Any = None,
                     contents: Tuple[str, ...] = ("model", "optimizer", "extra")) -> Dict:
-    """Restore what ``directory`` holds of ``contents``; returns the extra dict ({} if none).
+    """Restore what ``directory`` holds of ``contents``; returns the extra dict.
 
-    Every rank reads the files itself (the directory must be visible to all ranks).
+    Every rank reads the files itself (the directory must be visible to all ranks). Each
+    piece ``contents`` asks for must be there (a missing optimizer would resume with a
+    fresh one and diverge), and the files are read and checked against the module before
+    anything is changed: a damaged or foreign checkpoint is refused, never half-loaded.
     """
     if not os.path.isdir(directory):
-        raise DataError(f"no checkpoint directory at {directory}")
+        raise DamagedCheckpointError(f"no checkpoint directory at {directory}")
+    wants_optimizer = "optimizer" in contents and optimizer is not None
+    extra = _read_extra(directory) if "extra" in contents else {}
     dcp_dir = os.path.join(directory, SHARDED_DIR)
     if os.path.isdir(dcp_dir):
+        _check_sharded(dcp_dir, module, contents, wants_optimizer)
         _load_sharded(dcp_dir, module, optimizer, contents, sharded, group)
     else:
-        _load_full(directory, module, optimizer, contents, sharded)
-    extra_path = os.path.join(directory, EXTRA_FILE)
-    extra = {}
-    if "extra" in contents and os.path.exists(extra_path):
-        extra = torch.load(extra_path, weights_only=True)
+        weights, optim = _read_full(directory, module, contents, wants_optimizer)
+        if weights is not None:
+            load_model_state(module, weights, sharded)
+        if optim is not None:
+            try:
+                load_optimizer_state(module, optimizer, optim, sharded)
+            except (ValueError, KeyError, RuntimeError) as exc:
+                raise CheckpointError(f"checkpoint {directory}: {OPTIMIZER_FILE} does not "
+                                      f"match this run's optimizer ({_first_line(exc)})"
+                                      ) from exc
     if sharded:
         torch.distributed.barrier(group=group)
     return extra
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _damaged(directory: str, name: str, exc: BaseException) -> DamagedCheckpointError:
+    return DamagedCheckpointError(f"checkpoint {directory}: {name} cannot be read "
+                                  f"({_first_line(exc)})")
+
+
+def _require(directory: str, name: str, what: str) -> str:
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        raise DamagedCheckpointError(f"checkpoint {directory} has no {name} ({what}); "
+                                     "resuming without it would not continue the run")
+    return path
+
+
+def _read_extra(directory: str) -> Dict:
+    path = _require(directory, EXTRA_FILE, "lr schedule and update count")
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # truncated zip, refused pickle: the file is damaged
+        raise _damaged(directory, EXTRA_FILE, exc) from exc
+
+
+def _read_full(directory: str, module: torch.nn.Module, contents: Tuple[str, ...],
+               wants_optimizer: bool) -> Tuple[Optional[Dict], Optional[Dict]]:
+    weights = optim = None
+    if "model" in contents:
+        if not os.path.exists(os.path.join(directory, MODEL_FILE)):
+            raise DamagedCheckpointError(f"checkpoint {directory} has no {MODEL_FILE} and "
+                                         f"no {SHARDED_DIR}/ (the model weights)")
+        weights = load_tensors(os.path.join(directory, MODEL_FILE))
+        _check_fits(directory, module, {k: tuple(v.shape) for k, v in weights.items()})
+    if wants_optimizer:
+        path = _require(directory, OPTIMIZER_FILE, "the optimizer state")
+        try:
+            optim = torch.load(path, weights_only=True)
+        except Exception as exc:
+            raise _damaged(directory, OPTIMIZER_FILE, exc) from exc
+    return weights, optim
+
+
+def _check_fits(directory: str, module: torch.nn.Module, saved: Dict[str, Tuple]) -> None:
+    """Refuse weights written for another model before any of them is copied."""
+    wanted = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    problems = [f"{k} is {list(saved[k])} in the checkpoint, {list(shape)} in the model"
+                for k, shape in wanted.items() if k in saved and saved[k] != shape]
+    missing = [k for k in wanted if k not in saved]
+    unexpected = [k for k in saved if k not in wanted]
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing, e.g. {missing[0]}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]}")
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} does not match this run's model "
+                              f"(shape mismatch): {'; '.join(problems[:3])}. It was written "
+                              "for another model or architecture (actor_rollout_ref.model."
+                              "path)")
+
+
+def _check_sharded(dcp_dir: str, module: torch.nn.Module, contents: Tuple[str, ...],
+                   wants_optimizer: bool) -> None:
+    """The DCP index must list the model's tensors at their shapes, and optimizer state
+    when the run needs it."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    directory = os.path.dirname(dcp_dir)
+    try:
+        listed = FileSystemReader(dcp_dir).read_metadata().state_dict_metadata
+    except Exception as exc:
+        raise _damaged(directory, f"{SHARDED_DIR}/.metadata", exc) from exc
+    if "model" in contents:
+        saved = {k[len("model."):]: tuple(v.size)
+                 for k, v in listed.items() if k.startswith("model.") and hasattr(v, "size")}
+        _check_fits(directory, module, saved)
+    if wants_optimizer and not any(k.startswith("optimizer.") for k in listed):
+        raise DamagedCheckpointError(f"checkpoint {directory}: {SHARDED_DIR}/ holds no "
+                                     "optimizer state; resuming without it would not "
+                                     "continue the run")
 
 
 def _load_sharded(dcp_dir: str, module: torch.nn.Module, optimizer: Any,
@@ -217,26 +319,49 @@ def _load_sharded(dcp_dir: str, module: torch.nn.Module, optimizer: Any,
         return
     with warnings.catch_warnings():  # "assuming ... a single process": yes, deliberately
         warnings.filterwarnings("ignore", message=".*single process.*")
-        dcp.load(state, checkpoint_id=dcp_dir, process_group=group if sharded else None,
-                 no_dist=not sharded)
+        try:
+            dcp.load(state, checkpoint_id=dcp_dir, process_group=group if sharded else None,
+                     no_dist=not sharded)
+        except Exception as exc:  # a shard file truncated or lost
+            raise _damaged(os.path.dirname(dcp_dir), f"{SHARDED_DIR}/", exc) from exc
     if "model" in state:
         set_model_state_dict(module, state["model"])
     if "optimizer" in state:
         set_optimizer_state_dict(module, optimizer, state["optimizer"])
 
 
-def _load_full(directory: str, module: torch.nn.Module, optimizer: Any,
-               contents: Tuple[str, ...], sharded: bool) -> None:
-    model_path = os.path.join(directory, MODEL_FILE)
-    if "model" in contents:
-        if not os.path.exists(model_path):
-            raise DataError(f"checkpoint {directory} has no {MODEL_FILE} and no "
-                            f"{SHARDED_DIR}/")
-        load_model_state(module, load_tensors(model_path), sharded)
-    optim_path = os.path.join(directory, OPTIMIZER_FILE)
-    if "optimizer" in contents and optimizer is not None and os.path.exists(optim_path):
-        load_optimizer_state(module, optimizer, torch.load(optim_path, weights_only=True),
-                             sharded)
+@contextlib.contextmanager
+def as_plain_model(module: torch.nn.Module) -> Iterator[None]:
+    """A GGUF model is de-quantized when transformers loads it, but keeps its quantizer
+    and ``quantization_config``, so ``save_pretrained`` refuses it ("quantized with gguf
+    and is not serializable"). Its weights are plain tensors: save it as the plain model
+    it is, then put the attributes back."""
+    quantizer = getattr(module, "hf_quantizer", None)
+    config = getattr(module, "config", None)
+    method = getattr(getattr(config, "quantization_config", None), "quant_method", None)
+    if quantizer is None or str(getattr(method, "value", method)).lower() != "gguf":
+        yield
+        return
+    if any(not p.is_floating_point() for p in module.parameters()):  # still GGUF blocks
+        raise CheckpointError("the model still holds GGUF-quantized weights, which cannot "
+                              "be trained or exported; load it de-quantized (without a "
+                              "GGUF kernel)")
+    saved = {name: getattr(module, name) for name in ("hf_quantizer", "is_quantized",
+                                                       "quantization_method")
+             if name in vars(module)}
+    had_config = "quantization_config" in vars(config)
+    quant_config = getattr(config, "quantization_config", None)
+    for name in saved:
+        delattr(module, name)
+    if had_config:
+        delattr(config, "quantization_config")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+        if had_config:
+            config.quantization_config = quant_config
 
 
 def save_pretrained_dir(directory: str, module: torch.nn.Module,
@@ -248,7 +373,8 @@ def save_pretrained_dir(directory: str, module: torch.nn.Module,
         kwargs: Dict[str, Any] = {"state_dict": state}
         if "safe_serialization" in inspect.signature(module.save_pretrained).parameters:
             kwargs["safe_serialization"] = True  # transformers 4.x
-        module.save_pretrained(tmp, **kwargs)
+        with as_plain_model(module):
+            module.save_pretrained(tmp, **kwargs)
         if finish is not None:
             finish(tmp)
         if tokenizer is not None:

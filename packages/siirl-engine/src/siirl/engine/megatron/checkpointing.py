@@ -14,7 +14,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from siirl.errors import ConfigError
+from siirl.dag_worker.checkpoint_errors import DamagedCheckpointError
 
 logger = logging.getLogger(__name__)
 DIST_CKPT, EXTRA_FILE, EXTRAS_FILE = "dist_ckpt", "extra.pt", "replicated_modules.pt"
@@ -76,25 +76,51 @@ def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
     torch.distributed.barrier()
 
 
+def check_pieces(directory: str, contents: Tuple[str, ...], optimizer: Any) -> None:
+    """Refuse a checkpoint without a piece the run needs, before anything is loaded."""
+    from siirl.engine.megatron.optimizer_adapter import OPTIM_DIR
+
+    if "model" in contents and not os.path.isdir(os.path.join(directory, DIST_CKPT)):
+        raise DamagedCheckpointError(f"checkpoint {directory} has no {DIST_CKPT}/ (the "
+                                     "weights; or not written by the megatron engine)")
+    if "optimizer" in contents and optimizer is not None and \
+            not os.path.isdir(os.path.join(directory, OPTIM_DIR)) and \
+            not glob.glob(os.path.join(directory, "optimizer*.pt")):
+        raise DamagedCheckpointError(f"checkpoint {directory} holds no optimizer state "
+                                     f"({OPTIM_DIR}/ or optimizer*.pt); resuming without it "
+                                     "would not continue the run")
+    if "extra" in contents and not os.path.exists(os.path.join(directory, EXTRA_FILE)):
+        raise DamagedCheckpointError(f"checkpoint {directory} has no {EXTRA_FILE} (lr "
+                                     "schedule and update count)")
+
+
+def _read(directory: str, name: str) -> Any:
+    try:
+        return torch.load(os.path.join(directory, name), weights_only=True)
+    except Exception as exc:  # truncated or not a torch file
+        raise DamagedCheckpointError(f"checkpoint {directory}: {name} cannot be read "
+                                     f"({str(exc).strip().splitlines()[0][:300]})") from exc
+
+
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
                     contents: Tuple[str, ...],
                     replicated: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote (weights reshard to this run's TP/PP
-    sizes; optimizer state only at the same sizes); the ``extra`` dict ({} if none)."""
+    sizes; optimizer state only at the same sizes: at other sizes it starts fresh, with
+    a warning); the ``extra`` dict. A missing piece is refused before anything loads."""
     from megatron.core import dist_checkpointing
 
-    model_dir = os.path.join(directory, DIST_CKPT)
+    check_pieces(directory, contents, optimizer)
+    extra = _read(directory, EXTRA_FILE) if "extra" in contents else {}
     if "model" in contents:
-        if not os.path.isdir(model_dir):
-            raise ConfigError(f"checkpoint {directory} has no {DIST_CKPT}/ (not written "
-                              "by the megatron engine)")
-        state = dist_checkpointing.load(model.sharded_state_dict(), model_dir)
-        model.load_state_dict(state)
         extras = os.path.join(directory, EXTRAS_FILE)
-        if replicated and os.path.exists(extras):
-            saved = torch.load(extras, weights_only=True)
-            for name, module in replicated.items():
-                module.load_state_dict(saved[name])
+        saved = _read(directory, EXTRAS_FILE) if replicated and os.path.exists(extras) \
+            else None
+        state = dist_checkpointing.load(model.sharded_state_dict(),
+                                        os.path.join(directory, DIST_CKPT))
+        model.load_state_dict(state)
+        for name, module in replicated.items() if saved is not None else ():
+            module.load_state_dict(saved[name])
     optim = os.path.join(directory, optimizer_file())
     if "optimizer" in contents and _is_megatron_optimizer(optimizer):
         if not optimizer.load(directory):
@@ -102,13 +128,10 @@ def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
                            "(megatron's distributed optimizer shards it by them); the "
                            "weights were resharded, the optimizer starts fresh", directory)
     elif "optimizer" in contents and os.path.exists(optim):
-        optimizer.load_state_dict(torch.load(optim, weights_only=True))
+        optimizer.load_state_dict(_read(directory, optimizer_file()))
     elif "optimizer" in contents and glob.glob(os.path.join(directory, "optimizer*.pt")):
         # written at other TP/PP sizes: weights reshard, moments do not
         logger.warning("%s holds optimizer state for other tensor/pipeline-parallel sizes "
                        "than this run's; the weights were resharded, the optimizer starts "
                        "fresh", directory)
-    extra_path = os.path.join(directory, EXTRA_FILE)
-    if "extra" in contents and os.path.exists(extra_path):
-        return torch.load(extra_path, weights_only=True)
-    return {}
+    return extra

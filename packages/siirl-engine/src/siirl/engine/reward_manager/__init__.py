@@ -1,10 +1,11 @@
 """Reward managers: turn decoded responses into ``token_level_scores``.
 
-Names (entry-point group ``siirl.reward_managers``): ``naive`` (one call per row, in
-process), ``batch`` (one call on whole lists), ``parallel`` (worker processes with a
-per-row timeout). Exports are resolved lazily: the parallel manager's worker processes
-import this package, and they must not pay for torch/tensordict, which only the
-managers themselves need.
+Names (entry-point group ``siirl.reward_managers``): ``naive`` and ``dapo`` (one call per
+row), ``batch`` (one call on whole lists), ``parallel`` (rows shared by several worker
+processes). Under each, a user's function runs in worker processes (``_pool``,
+``worker_main``) and its failures cost only their samples (``outcome``, ``failures``).
+Exports are resolved lazily: the worker processes import this package, and they must
+not pay for torch/tensordict, which only the managers themselves need.
 """
 
 from __future__ import annotations

@@ -1,191 +1,219 @@
-"""Worker processes that score rows with a per-row deadline.
+"""Reward worker processes that score batches, from the trainer's side.
 
-``concurrent.futures.ProcessPoolExecutor`` cannot stop a running task, so a user function
-that never returns would hold the step forever. Here each worker is a plain ``spawn``
-process fed one row at a time over its own pipe; the parent knows when each row was
-handed out, and a worker that misses its deadline is killed and replaced, costing only
-that row. Workers outlive a call (start-up is paid once) and are daemons, so they die
-with the trainer.
+The user's reward function runs in ``worker_main`` processes that outlive a call, so the
+interpreter start and the import of the user's file are paid once, and each call scores
+a whole chunk of samples. Whatever the function does there (raise, ``sys.exit``,
+``os._exit``, a signal, a segfault, hang) costs only the sample it was scoring:
 
-This module imports no torch: spawned workers import it (and this package) afresh.
+* in ``rows`` mode the worker answers per sample, in order, so the sample in flight is
+  the first unanswered one. A worker that dies, or gives no answer within ``timeout_s``
+  of the previous one, is killed; that sample fails (``exit``, ``crash``, ``timeout``)
+  and the rest of its chunk goes to a fresh worker;
+* ``call_batch`` runs one call of a ``batch`` function and reports how it failed; the
+  batch manager splits failing calls (``batch.isolate``).
+
+This module imports no torch.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from collections import deque
 from multiprocessing.connection import wait
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
+from siirl.engine.reward_manager._process import START_TIMEOUT_S, ScoringProcess, Target
+from siirl.engine.reward_manager.outcome import Failure, Outcome, Row
 from siirl.errors import ConfigError
 
-# spawn, not fork: the trainer holds torch threads and CUDA state that a fork would
-# copy in an inconsistent state.
-_CTX = mp.get_context("spawn")
-# Importing the user's module in a fresh interpreter can be slow (it may import torch);
-# this bounds it without counting it against any row's timeout.
-START_TIMEOUT_S = 120.0
-
-# What a worker runs: ("default",) for the built-in rules, ("path", file, name, kwargs)
-# for a custom function (loaded in the worker, so it needs no pickling), or
-# ("callable", fn, kwargs) for an importable module-level function.
-Target = Tuple[Any, ...]
-
-
-def _resolve(target: Target):
-    if target[0] == "default":
-        from siirl.engine.reward_score import default_compute_score
-
-        return default_compute_score, {}
-    if target[0] == "path":
-        from siirl.engine.reward_manager.loader import load_custom_function
-
-        return load_custom_function(target[1], target[2]), dict(target[3])
-    return target[1], dict(target[2])
-
-
-def _worker_main(conn: Any, target: Target) -> None:
-    try:
-        fn, kwargs = _resolve(target)
-    except Exception as exc:
-        conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            task = conn.recv()
-        except EOFError:  # the parent went away
-            return
-        if task is None:
-            return
-        data_source, solution, ground_truth, extra_info = task
-        try:
-            reply = ("ok", fn(data_source=data_source, solution_str=solution,
-                              ground_truth=ground_truth, extra_info=extra_info, **kwargs))
-        except ConfigError as exc:  # a setup problem: the parent raises it after the call
-            reply = ("config_error", str(exc))
-        except Exception as exc:
-            reply = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            conn.send(reply)  # pickles before writing, so a failure leaves the pipe clean
-        except Exception as exc:
-            conn.send(("error", f"result cannot be sent back: {type(exc).__name__}: {exc}"))
-
-
-class _Worker:
-    def __init__(self, target: Target):
-        self.conn, child_conn = _CTX.Pipe()
-        self.process = _CTX.Process(target=_worker_main, args=(child_conn, target),
-                                    daemon=True, name="siirl-reward-worker")
-        self.process.start()
-        child_conn.close()  # so the parent sees EOF when the worker dies
-        self.started = time.monotonic()
-        self.ready = False
-        self.row: Optional[int] = None
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
+__all__ = ["RewardWorkerPool", "ScoringProcess", "Target"]
 
 
 class RewardWorkerPool:
-    """``run(tasks)`` -> one ``(status, value)`` per task: ``("ok", result)``,
-    ``("error", message)``, ``("timeout", message)`` or ``("config_error", message)``."""
+    """``num_workers`` worker processes, started on first use, replaced when they die."""
 
     def __init__(self, target: Target, num_workers: int, timeout_s: float):
         self.target = target
-        self.num_workers = max(1, int(num_workers))
         self.timeout_s = float(timeout_s)
-        self._workers: List[_Worker] = []
+        self._slots: List[Optional[ScoringProcess]] = [None] * max(1, int(num_workers))
 
-    def run(self, tasks: Sequence[Tuple[Any, Any, Any, Any]]) -> List[Tuple[str, Any]]:
+    def start(self) -> None:
+        """Start the first worker and wait until it has loaded the function, so a reward
+        file that fails to import fails when the engine is built, not mid-step."""
         try:
-            return self._run(tasks)
+            self._process(0).await_ready()
         except BaseException:
-            # Rows still in flight would answer into the next call: start afresh instead.
-            self.close()
+            self.close(graceful=False)
             raise
 
-    def _run(self, tasks: Sequence[Tuple[Any, Any, Any, Any]]) -> List[Tuple[str, Any]]:
-        results: List[Optional[Tuple[str, Any]]] = [None] * len(tasks)
-        pending = deque(range(len(tasks)))
-        while len(self._workers) < min(self.num_workers, len(tasks)):
-            self._workers.append(_Worker(self.target))
-        while pending or any(w.row is not None for w in self._workers):
-            now = time.monotonic()
-            for w in self._workers:
-                while w.ready and w.row is None and pending:
-                    row = pending.popleft()
-                    try:
-                        w.conn.send(tasks[row])  # pickles first: a bad row leaves w idle
-                    except OSError:  # it died while idle: give the row to its successor
-                        pending.appendleft(row)
-                        self._replace(w, results, "error", "")  # w.row is None: no result
-                        break
-                    except Exception as exc:
-                        results[row] = ("error", f"row cannot be sent to a worker: {exc}")
-                        continue
-                    w.row, w.deadline = row, now + self.timeout_s  # per row, from hand-out
-            waiting = {w.conn: w for w in self._workers if not w.ready or w.row is not None}
-            if not waiting:  # every remaining row failed to send: nothing to wait for
-                continue
-            deadlines = [w.deadline if w.ready else w.started + START_TIMEOUT_S
-                         for w in waiting.values()]
-            for conn in wait(list(waiting), max(0.0, min(deadlines) - now)):
-                self._receive(waiting[conn], results)
-            now = time.monotonic()
-            for w in list(self._workers):
-                if w.row is not None and now >= w.deadline:
-                    self._replace(w, results, "timeout",
-                                  f"no result within {self.timeout_s:g}s; worker killed")
-                elif not w.ready and now >= w.started + START_TIMEOUT_S:
-                    raise ConfigError(f"reward worker did not start within {START_TIMEOUT_S:g}s "
-                                      "(importing the custom reward function hangs?)")
-        return results  # type: ignore[return-value]
+    def _process(self, i: int) -> ScoringProcess:
+        process = self._slots[i]
+        if process is None or (process.ready and not process.alive()):
+            if process is not None:
+                process.kill()
+            process = self._slots[i] = ScoringProcess(self.target)
+        return process
 
-    def _receive(self, w: _Worker, results: List[Any]) -> None:
+    def _drop(self, i: int) -> None:
+        process, self._slots[i] = self._slots[i], None
+        if process is not None:
+            process.kill()
+
+    # --- rows mode ---
+
+    def score_rows(self, rows: Sequence[Row], deadline: float) -> List[Outcome]:
+        """One outcome per row, by the deadline (``time.monotonic()``)."""
         try:
-            kind, value = w.conn.recv()
-        except (EOFError, OSError):
-            w.process.join(timeout=1)  # reap it, so exitcode says how it died
-            if not w.ready:  # would fail the same way on every restart
-                raise ConfigError("reward worker process exited while starting (exit code "
-                                  f"{w.process.exitcode})") from None
-            self._replace(w, results, "error",
-                          f"worker process died (exit code {w.process.exitcode})")
+            return self._score_rows(rows, deadline)
+        except BaseException:
+            self.close(graceful=False)  # answers in flight would reach the next call
+            raise
+
+    def _score_rows(self, rows: Sequence[Row], deadline: float) -> List[Outcome]:
+        n, slots = len(rows), len(self._slots)
+        out: List[Any] = [None] * n
+        # one call per worker where there is one worker; else several, to balance the load
+        size = n if slots == 1 else max(1, -(-n // (4 * slots)))
+        pending: Deque[Tuple[int, int]] = deque((lo, min(lo + size, n))
+                                                for lo in range(0, n, size))
+        jobs: Dict[int, List[Any]] = {}  # slot -> [next row, end, its deadline]
+        while pending or jobs:
+            now = time.monotonic()
+            if now >= deadline:
+                self._out_of_time(out, pending, jobs)
+                break
+            for i in range(slots):
+                if pending and i not in jobs:
+                    self._hand_out(i, rows, out, pending, jobs, now)
+            waiting = {p.results: i for i, p in enumerate(self._slots)
+                       if p is not None and (i in jobs or not p.ready)}
+            if not waiting:  # a worker found dead while idle: start its successor
+                continue
+            limits = [deadline, *(job[2] for job in jobs.values()),
+                      *(p.started + START_TIMEOUT_S for p in self._slots
+                        if p is not None and not p.ready)]
+            for conn in wait(list(waiting), max(0.0, min(limits) - now)):
+                self._on_message(waiting[conn], out, pending, jobs)
+            now = time.monotonic()
+            for i, job in list(jobs.items()):
+                if now >= job[2]:
+                    self._fail_current(i, out, pending, jobs, Failure(
+                        "timeout", f"no result within timeout_s={self.timeout_s:g} s; the "
+                                   "reward worker process was killed and restarted"))
+            for p in self._slots:
+                if p is not None and not p.ready and now >= p.started + START_TIMEOUT_S:
+                    p.await_ready()  # raises the start-up timeout
+        return out
+
+    def _hand_out(self, i: int, rows: Sequence[Row], out: List[Any],
+                  pending: Deque[Tuple[int, int]], jobs: Dict[int, List[Any]],
+                  now: float) -> None:
+        process = self._process(i)
+        if not process.ready:
             return
-        if kind == "ready":
-            w.ready = True
-        elif kind == "load_error":
-            raise ConfigError(f"reward worker could not load the reward function: {value}")
-        else:
-            results[w.row] = (kind, value)
-            w.row = None
+        lo, hi = pending.popleft()
+        try:
+            process.tasks.send(("rows", list(rows[lo:hi])))
+        except (OSError, EOFError):  # it died while idle: no sample to blame
+            pending.appendleft((lo, hi))
+            self._drop(i)
+            return
+        except Exception as exc:  # a row that cannot be pickled; nothing was written
+            if hi - lo > 1:  # find it: send the rows one by one
+                pending.extendleft(reversed([(r, r + 1) for r in range(lo, hi)]))
+            else:
+                out[lo] = Failure("exception", "the sample cannot be sent to the reward "
+                                               f"worker process ({type(exc).__name__}: {exc})")
+            return
+        jobs[i] = [lo, hi, now + self.timeout_s]
 
-    def _replace(self, w: _Worker, results: List[Any], kind: str, message: str) -> None:
-        if w.row is not None:
-            results[w.row] = (kind, message)
-        w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self.target)
+    def _on_message(self, i: int, out: List[Any], pending: Deque[Tuple[int, int]],
+                    jobs: Dict[int, List[Any]]) -> None:
+        process = self._slots[i]
+        if not process.ready:
+            process.on_start_message()
+            return
+        try:
+            message = process.receive()
+        except EOFError:
+            self._fail_current(i, out, pending, jobs, process.death())
+            return
+        if isinstance(message, tuple) and message[0] == "config_error":
+            raise ConfigError(message[1])
+        job = jobs[i]
+        out[job[0]] = message
+        job[0] += 1
+        job[2] = time.monotonic() + self.timeout_s  # the next sample's clock starts now
+        if job[0] == job[1]:
+            del jobs[i]
 
-    def close(self) -> None:
-        workers, self._workers = self._workers, []
-        for w in workers:
+    def _fail_current(self, i: int, out: List[Any], pending: Deque[Tuple[int, int]],
+                      jobs: Dict[int, List[Any]], failure: Failure) -> None:
+        """The sample in flight on slot ``i`` failed: the rest of its chunk is re-queued."""
+        row, end, _ = jobs.pop(i)
+        out[row] = failure
+        if row + 1 < end:
+            pending.appendleft((row + 1, end))
+        self._drop(i)
+
+    def _out_of_time(self, out: List[Any], pending: Deque[Tuple[int, int]],
+                     jobs: Dict[int, List[Any]]) -> None:
+        spans = [(job[0], job[1]) for job in jobs.values()] + list(pending)
+        for i in list(jobs):
+            self._drop(i)
+        jobs.clear()
+        pending.clear()
+        failure = Failure("timeout", "the step's time for rewards (reward_model.step_timeout_s) "
+                                     "ran out before this sample was scored")
+        for lo, hi in spans:
+            out[lo:hi] = [failure] * (hi - lo)
+
+    # --- batch mode ---
+
+    def call_batch(self, rows: Sequence[Row], deadline: float) -> Any:
+        """One call of a batch function in worker 0: a list of outcomes, a Failure of the
+        whole call, or ``("bad_result", message)``."""
+        try:
+            process = self._process(0)
+            process.await_ready()
+            until = min(deadline, time.monotonic() + self.timeout_s)
             try:
-                w.conn.send(None)
-            except OSError:
-                pass
-        for w in workers:
-            w.process.join(timeout=1)
-            w.kill()
+                process.tasks.send(("batch", list(rows)))
+            except (OSError, EOFError):
+                failure = process.death()
+                self._drop(0)
+                return failure
+            except Exception as exc:  # a row that cannot be pickled: the caller splits
+                return Failure("exception", "the samples cannot be sent to the reward worker "
+                                            f"process ({type(exc).__name__}: {exc})")
+            if not wait([process.results], max(0.0, until - time.monotonic())):
+                self._drop(0)
+                return Failure("timeout", f"no result within timeout_s={self.timeout_s:g} s "
+                                          "(or the step's time ran out); the reward worker "
+                                          "process was killed and restarted")
+            try:
+                message = process.receive()
+            except EOFError:
+                failure = process.death()
+                self._drop(0)
+                return failure
+        except BaseException:
+            self.close(graceful=False)
+            raise
+        if isinstance(message, tuple) and message[0] == "config_error":
+            raise ConfigError(message[1])
+        return message
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop every worker process (a later call starts fresh ones); ``graceful`` lets
+        idle ones exit on their own first."""
+        for i, process in enumerate(self._slots):
+            if process is not None:
+                self._slots[i] = None
+                process.close() if graceful else process.kill()
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:
-            pass  # interpreter shutdown: daemon workers are reaped by multiprocessing
-
+            pass  # interpreter shutdown: atexit kills what is left

@@ -1,20 +1,25 @@
 """What every reward manager shares: reading the batch, decoding, placing scores, metrics.
 
 A subclass only decides *how* the score function is called (``_score_rows``); it
-returns one entry per row, either the function's result or a ``Failure``. A failure
-(the function raised, returned something that is not a number or a dict with "score",
-or timed out) scores 0.0 and is logged here, in the parent process, so one bad sample
-never costs the step. A ``siirl.errors.ConfigError`` (a data_source with no built-in
-rule) is not a bad sample but a bad setup, and is raised.
+returns one ``outcome.Scored`` or ``outcome.Failure`` per row. A failure scores 0.0, is
+counted by kind and warned about once (``failures``), so one bad sample never costs the
+step. A ``siirl.errors.ConfigError`` (a data_source with no built-in rule) is not a bad
+sample but a bad setup, and is raised.
+
+Containment: the user's function (``custom_reward_function.path``) runs in persistent
+worker processes (``_pool``) under every manager, with a per-call timeout ``timeout_s``
+(``custom_reward_function.reward_kwargs.timeout_s``, else the manager's default) and a
+per-step budget (``reward_model.step_timeout_s``). The built-in rules and a function
+object handed to the constructor (tests, notebooks) run in this process: their
+exceptions and bad results are contained, an exit or a hang is not.
 """
 
 from __future__ import annotations
 
 import abc
-import logging
-from dataclasses import dataclass
+import time
 from itertools import compress
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -35,25 +40,14 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
 from siirl.engine.common.config import typed_config
-from siirl.engine.reward_manager.loader import custom_function_settings, load_custom_function
+from siirl.engine.reward_manager._pool import RewardWorkerPool, Target
+from siirl.engine.reward_manager.columns import extra_columns, score_metrics, token_level
+from siirl.engine.reward_manager.failures import FailureLog, RewardFunctionError
+from siirl.engine.reward_manager.loader import custom_function_settings
+from siirl.engine.reward_manager.outcome import Outcome, Row, call_row
 from siirl.engine.reward_manager.overlong import overlong_penalty
 from siirl.engine.reward_score import default_compute_score
 from siirl.errors import ConfigError, DataError
-
-logger = logging.getLogger(__name__)
-
-# Rows whose failure is logged one by one per call; the rest are summarised, so a
-# broken reward function does not flood the log with one line per sample.
-_MAX_WARNINGS_PER_CALL = 10
-
-
-@dataclass
-class Failure:
-    """A row whose score could not be computed; ``kind`` is "error" or "timeout"."""
-
-    kind: str
-    reason: str
-    logged: bool = False  # the manager already warned (e.g. once for a whole batch call)
 
 
 class RewardManagerBase(abc.ABC):
@@ -61,16 +55,19 @@ class RewardManagerBase(abc.ABC):
 
     ``tokenizer`` and ``compute_score`` may be given directly (tests, notebooks); otherwise
     the actor engine's tokenizer and ``custom_reward_function`` (or the built-in
-    ``default_compute_score``) are used.
+    ``default_compute_score``) are used. ``timeout_s`` overrides the configured per-call
+    timeout.
     """
 
     name = "base"
     peer_roles = ("actor",)  # its tokenizer decodes the responses (siirl.dag_worker.engines)
+    default_timeout_s = 10.0  # per call; a call scores one sample here
+    num_workers = 1
 
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  tokenizer: Any = None, compute_score: Optional[Callable[..., Any]] = None,
                  reward_kwargs: Optional[Dict[str, Any]] = None,
-                 peers: Optional[Mapping[str, Any]] = None):
+                 peers: Optional[Mapping[str, Any]] = None, timeout_s: Optional[float] = None):
         self.role = role
         self.config = config
         self.worker = worker
@@ -78,15 +75,13 @@ class RewardManagerBase(abc.ABC):
         self._actor = (peers or {}).get("actor")  # its tokenizer decodes the responses
         self.cfg = typed_config(config)  # read once; defaults are the schema's
         self.reward_fn_key = str(self.cfg.data.reward_fn_key or DATA_SOURCE)
-        path, fn_name, kwargs, self.config_timeout_s = custom_function_settings(self.cfg)
+        path, fn_name, kwargs, config_timeout_s = custom_function_settings(self.cfg)
         self.custom_path: Optional[str] = None
         self.custom_name = fn_name
         if compute_score is not None:
             self.compute_score = compute_score
         elif path:
-            # Loaded here even for the parallel manager, so a wrong path or name fails
-            # when the engine is built, not in a worker process mid-step.
-            self.compute_score = load_custom_function(path, fn_name)
+            self.compute_score = None  # user code from a file runs in worker processes only
             self.custom_path = path
         else:
             self.compute_score = default_compute_score
@@ -95,6 +90,31 @@ class RewardManagerBase(abc.ABC):
         self.reward_kwargs = dict(reward_kwargs if reward_kwargs is not None else kwargs)
         if self.is_default:
             self.reward_kwargs = {}
+        if timeout_s is None:
+            timeout_s = config_timeout_s if config_timeout_s is not None \
+                else self.default_timeout_s
+        self.timeout_s = float(timeout_s)
+        self.step_timeout_s = float(self.cfg.reward_model.step_timeout_s)
+        for key, value in (("custom_reward_function.reward_kwargs.timeout_s", self.timeout_s),
+                           ("reward_model.step_timeout_s", self.step_timeout_s)):
+            if not value > 0:  # also refuses nan
+                raise ConfigError(f"{key}={value:g} must be > 0 (seconds)")
+        self.failures = FailureLog(self.function_label())
+        self._pool: Optional[RewardWorkerPool] = None
+        self._retried = 0  # samples of failed batch calls scored again (this call)
+        if self.custom_path:
+            # a file that does not import, or lacks the function, fails when the engine
+            # is built, not mid-step (the worker loads it; this process never runs it)
+            self.pool.start()
+
+    def function_label(self) -> str:
+        """How messages name the reward function."""
+        if self.custom_path:
+            return f"'{self.custom_name}' in {self.custom_path}"
+        if self.is_default:
+            return "default_compute_score (the built-in rules)"
+        fn = self.compute_score
+        return f"'{getattr(fn, '__qualname__', fn)}' ({getattr(fn, '__module__', '?')})"
 
     # --- inputs ---
 
@@ -152,59 +172,33 @@ class RewardManagerBase(abc.ABC):
 
     # --- scoring ---
 
-    def call_one(self, fn: Callable[..., Any], data_source: Any, solution: str,
-                 ground_truth: Any, extra_info: Any) -> Any:
-        """One in-process call; an exception becomes a Failure (logged by the caller)."""
-        try:
-            return fn(data_source=data_source, solution_str=solution,
-                      ground_truth=ground_truth, extra_info=extra_info, **self.reward_kwargs)
-        except ConfigError:
-            # e.g. a data_source with no built-in rule: every row would fail the same way,
-            # so the run stops with the message saying what to configure.
-            raise
-        except Exception as exc:  # a user bug must cost the sample, not the step
-            return Failure("error", f"{type(exc).__name__}: {exc}")
+    def worker_target(self) -> Target:
+        """What the worker processes run (see ``_pool.Target``)."""
+        if self.is_default:
+            return ("default",)
+        if self.custom_path:
+            # Workers import the file themselves: functions from a file loaded by path
+            # cannot be pickled by reference.
+            return ("path", self.custom_path, self.custom_name, self.reward_kwargs)
+        return ("callable", self.compute_score, self.reward_kwargs)
 
-    def score_in_process(self, data_sources: list, solutions: List[str], ground_truths: list,
-                         extra_infos: list) -> List[Any]:
-        rows = zip(data_sources, solutions, ground_truths, extra_infos, strict=True)
-        return [self.call_one(self.compute_score, *row) for row in rows]
+    @property
+    def pool(self) -> RewardWorkerPool:
+        """The worker processes, started on first use."""
+        if self._pool is None:
+            self._pool = RewardWorkerPool(self.worker_target(), self.num_workers,
+                                          self.timeout_s)
+        return self._pool
+
+    def score_in_process(self, rows: List[Row]) -> List[Outcome]:
+        return [call_row(self.compute_score, row, self.reward_kwargs) for row in rows]
 
     @abc.abstractmethod
-    def _score_rows(self, data_sources: list, solutions: List[str], ground_truths: list,
-                    extra_infos: list) -> List[Any]:
-        """One result per row (a float, a dict with "score", or a Failure): how each
-        manager (in process, batched, process pool) computes scores."""
+    def _score_rows(self, rows: List[Row], deadline: float) -> List[Outcome]:
+        """One outcome per row ``(data_source, solution, ground_truth, extra_info)``, by
+        ``deadline`` (``time.monotonic()``) where the manager can enforce it."""
 
     # --- outputs ---
-
-    def _normalise(self, rows: Sequence[Any], data_sources: list
-                   ) -> Tuple[List[float], List[Dict[str, Any]], Dict[str, int]]:
-        scores, extras, counts = [], [], {"error": 0, "timeout": 0}
-        warned = silenced = 0
-        for i, result in enumerate(rows):
-            if not isinstance(result, Failure):
-                try:
-                    scores.append(_as_score(result))
-                    extras.append({k: v for k, v in result.items() if k != "score"}
-                                  if isinstance(result, dict) else {})
-                    continue
-                except (TypeError, ValueError, KeyError) as exc:
-                    result = Failure("error", f"bad return value {result!r}: {exc}")
-            counts[result.kind] += 1
-            scores.append(0.0)
-            extras.append({})
-            if result.logged:
-                continue
-            if warned < _MAX_WARNINGS_PER_CALL:
-                warned += 1
-                logger.warning("reward for row %d (data_source %r) failed, scored 0.0: %s",
-                               i, data_sources[i], result.reason)
-            else:
-                silenced += 1
-        if silenced:
-            logger.warning("%d more reward rows failed and were scored 0.0", silenced)
-        return scores, extras, counts
 
     def compute_reward(self, batch: Any) -> NodeOutput:
         responses = batch.get(RESPONSES)
@@ -213,19 +207,14 @@ class RewardManagerBase(abc.ABC):
         ground_truths = self._ground_truths(batch)
         extra_infos = self._column(batch, EXTRA_INFO, None)
         solutions = self.decode(responses, mask)
-        rows = self._score_rows(data_sources, solutions, ground_truths, extra_infos)
-        scores, extras, counts = self._normalise(rows, data_sources)
+        rows = list(zip(data_sources, solutions, ground_truths, extra_infos, strict=True))
+        self._retried = 0
+        outcomes = self._score_rows(rows, time.monotonic() + self.step_timeout_s)
+        scores, extras, counts = self.failures.split(outcomes, data_sources)
         penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.cfg)
         rewards = scores if penalty is None else \
             [s + p for s, p in zip(scores, penalty.tolist(), strict=True)]
-
-        token_scores = torch.zeros(responses.shape, dtype=torch.float32)
-        if responses.shape[0] and responses.shape[1]:
-            # Last position whose mask is 1 (flip + argmax); an all-zero row gets the last
-            # position, as in verl, so its score still counts in sequence sums.
-            last = mask.shape[1] - 1 - (mask.flip(1) > 0).to(torch.int8).argmax(dim=1)
-            token_scores[torch.arange(len(scores)), last.cpu()] = torch.tensor(rewards)
-        token_scores = token_scores.to(responses.device)
+        token_scores = token_level(rewards, responses, mask)
         # The node writes its fields into the batch it was handed (as the actor's log-prob
         # node does): a copy of a batch with per-row python fields costs more than scoring.
         out = batch
@@ -235,9 +224,10 @@ class RewardManagerBase(abc.ABC):
         # Extra result keys may not replace tensors or the columns the scores were read from.
         reserved = {k for k in out.keys() if isinstance(out.get(k), torch.Tensor)}
         reserved |= {SCORE, UID, self.reward_fn_key, GROUND_TRUTH, EXTRA_INFO, REWARD_MODEL}
-        for key, values in _extra_columns(extras, reserved).items():
+        for key, values in extra_columns(extras, reserved).items():
             set_non_tensor(out, key, values)
-        metrics = self._metrics(scores, token_scores, data_sources, counts)
+        metrics = self.failures.metrics(counts, len(rows), self._retried)
+        metrics.update(score_metrics(scores, token_scores, data_sources))
         if penalty is not None:
             set_non_tensor(out, OVERLONG_REWARD, penalty.tolist())
             metrics["reward/overlong_penalty/mean"] = penalty.mean().item() if \
@@ -246,49 +236,12 @@ class RewardManagerBase(abc.ABC):
                 penalty.numel() else 0.0
         return NodeOutput(batch=out, metrics=metrics)
 
-    def _metrics(self, scores: List[float], token_scores: torch.Tensor, data_sources: list,
-                 counts: Dict[str, int]) -> Dict[str, float]:
-        metrics: Dict[str, float] = {"reward/errors": float(counts["error"])}
-        if scores:
-            t = torch.tensor(scores, dtype=torch.float32)
-            metrics.update({
-                "critic/score/mean": t.mean().item(),
-                "critic/score/max": t.max().item(),
-                "critic/score/min": t.min().item(),
-                "critic/rewards/mean": token_scores.sum(dim=-1).mean().item(),
-            })
-            by_source: Dict[str, List[float]] = {}
-            for source, score in zip(data_sources, scores, strict=True):
-                by_source.setdefault(str(source), []).append(score)
-            for source, values in by_source.items():
-                metrics[f"reward/{source}/mean"] = sum(values) / len(values)
-        return metrics
+    def failed_steps_error(self, steps: int) -> RewardFunctionError:
+        """Read by the trainer after ``reward_model.max_failed_steps`` steps in which every
+        sample failed: the error that stops the run, naming the function and last error."""
+        return self.failures.failed_steps_error(steps)
 
-
-def _as_score(result: Any) -> float:
-    value = result["score"] if isinstance(result, dict) else result
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    return float(value)
-
-
-def _extra_columns(extras: List[Dict[str, Any]], reserved: set) -> Dict[str, list]:
-    """Per-row columns for the extra keys of dict results.
-
-    A row without a key (a failed row, or a scorer that returns it only sometimes) gets
-    the "false" value of the key's type (False / 0 / 0.0), else None, so columns such as
-    ``acc`` stay numeric for filters and metrics. Keys naming existing batch fields are
-    dropped, never overwritten.
-    """
-    keys: List[str] = []
-    for row in extras:
-        keys.extend(k for k in row if k not in keys)
-    columns: Dict[str, list] = {}
-    for key in keys:
-        if key in reserved:
-            logger.warning("reward result key %r names an existing batch field; ignored", key)
-            continue
-        sample = next(row[key] for row in extras if key in row)
-        fill = type(sample)() if isinstance(sample, (bool, int, float)) else None
-        columns[key] = [row.get(key, fill) for row in extras]
-    return columns
+    def close(self) -> None:
+        """Stop the worker processes (also done at exit)."""
+        if self._pool is not None:
+            self._pool.close()

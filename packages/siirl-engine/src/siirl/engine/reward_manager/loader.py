@@ -1,7 +1,7 @@
 """Load the user's reward function from ``custom_reward_function.path`` / ``.name``.
 
-Kept free of torch imports: the parallel manager's worker processes call it too, so the
-function is loaded there by (path, name) instead of being pickled.
+Kept free of torch imports: the reward worker processes call it too, so the function is
+loaded there by (path, name) instead of being pickled.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import os
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from siirl.engine.common.config import typed_config
 from siirl.errors import ConfigError
 
-# Read by the parallel manager as its per-row timeout; never passed to the user function.
+# The per-call timeout of the reward managers; never passed to the user function.
 TIMEOUT_KWARG = "timeout_s"
 
 
@@ -40,7 +39,7 @@ def load_custom_function(path: str, name: str = "compute_score") -> Callable[...
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # an exit at import must not end the run
             sys.modules.pop(module_name, None)
             raise ConfigError(
                 f"custom_reward_function.path '{path}' failed to import while looking for "
@@ -64,10 +63,18 @@ def custom_function_settings(
     ``path`` is absolute (worker processes may run elsewhere) or None; ``timeout_s`` is
     taken out of ``reward_kwargs`` because it configures the manager, not the function.
     """
+    from siirl.engine.common.config import typed_config  # omegaconf: not for the workers
+
     settings = typed_config(config).custom_reward_function
     path, name = settings.path, str(settings.name or "compute_score")
     kwargs = dict(settings.reward_kwargs or {})
     timeout = kwargs.pop(TIMEOUT_KWARG, None)
+    if timeout is not None:
+        try:
+            timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise ConfigError(f"custom_reward_function.reward_kwargs.{TIMEOUT_KWARG}="
+                              f"{timeout!r} must be a number of seconds") from None
     if path:
         path = os.path.abspath(os.path.expanduser(str(path)))
-    return path or None, name, kwargs, None if timeout is None else float(timeout)
+    return path or None, name, kwargs, timeout

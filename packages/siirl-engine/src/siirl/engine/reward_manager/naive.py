@@ -1,23 +1,26 @@
-"""``naive``: score rows one by one in this process."""
+"""``naive``: one call per sample; the user's function runs in one worker process."""
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import List
 
 from siirl.engine.reward_manager.base import RewardManagerBase
+from siirl.engine.reward_manager.outcome import Outcome, Row
 from siirl.engine.reward_manager.registry import register
 
 
 @register("naive")
 class NaiveRewardManager(RewardManagerBase):
-    """The simplest manager: fine for cheap rule-based scorers. A raising function costs
-    its row a 0.0 score and a warning; a hanging one hangs the step (use ``parallel``)."""
+    """The simplest manager, fine for cheap rule-based scorers. The built-in rules run in
+    this process; a custom function runs in one persistent worker process that scores the
+    whole batch per call, each sample within ``timeout_s``."""
 
     name = "naive"
 
-    def _score_rows(self, data_sources: list, solutions: List[str], ground_truths: list,
-                    extra_infos: list) -> List[Any]:
-        return self.score_in_process(data_sources, solutions, ground_truths, extra_infos)
+    def _score_rows(self, rows: List[Row], deadline: float) -> List[Outcome]:
+        if self.custom_path:
+            return self.pool.score_rows(rows, deadline)
+        return self.score_in_process(rows)
 
 
 @register("dapo")

@@ -1,0 +1,206 @@
+"""Tools for multi-turn rollouts, from a ``rollout.multi_turn.tool_config_path`` YAML in
+verl's format (checked against volcengine/verl
+``examples/sglang_multiturn/config/tool_config/*.yaml``)::
+
+    tools:
+      - class_name: python            # or calculator, or a dotted path to your own class
+        config: {timeout_s: 10, memory_limit_mb: 1024, max_output_chars: 4096}
+        tool_schema:                  # an OpenAI function schema, shown to the model
+          type: function
+          function:
+            name: code_interpreter
+            description: Run Python code and see what it prints.
+            parameters:
+              type: object
+              properties: {code: {type: string, description: The code to run.}}
+              required: [code]
+
+A class of your own is built as ``cls(config=..., tool_schema=...)`` and called as
+``execute(arguments: dict) -> str`` (a coroutine, or a ``(text, ...)`` tuple as verl's
+tools return, is accepted too). Whatever a tool does wrong (raises, times out, gets bad
+arguments, or is not there) comes back as the tool message's text: it never ends the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence
+
+from siirl.environment.tool_math import calculate
+from siirl.environment.tools.parsing import ToolCall, truncate
+from siirl.environment.tools.sandbox import run_python
+from siirl.environment.tools.sandbox_fusion import run_remote
+from siirl.errors import ConfigError
+
+
+def _schema(name: str, description: str, argument: str, what: str) -> Dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "required": [argument],
+                       "properties": {argument: {"type": "string", "description": what}}}}}
+
+
+class Tool:
+    """A named function the agent can call."""
+
+    default_schema: Dict[str, Any] = {}
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None,
+                 tool_schema: Optional[Dict[str, Any]] = None):
+        self.config = dict(config or {})
+        self.schema = dict(tool_schema or self.default_schema)
+        self.name = str(self.schema.get("function", {}).get("name", ""))
+
+    def execute(self, arguments: Dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _argument(self, arguments: Dict[str, Any], key: str) -> str:
+        if len(arguments) == 1 and key not in arguments:
+            return str(next(iter(arguments.values())))  # whatever the schema calls it
+        if not isinstance(arguments.get(key), str):
+            raise ValueError(f"{self.name} needs a string argument {key!r}, got "
+                             f"{sorted(arguments)}")
+        return arguments[key]
+
+
+class CalculatorTool(Tool):
+    """Arithmetic: numbers, + - * / // % **, parentheses (``siirl.environment.tool_math``)."""
+
+    default_schema = _schema("calculator", "Evaluate an arithmetic expression.",
+                             "expression", "e.g. 37 * (48 - 5)")
+
+    def execute(self, arguments: Dict[str, Any]) -> str:
+        value = calculate(self._argument(arguments, "expression"))
+        return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+class PythonTool(Tool):
+    """Python code, run in the local sandbox (``tools.sandbox``) or, with a
+    ``sandbox_fusion_url`` (tool config, else ``reward_model.sandbox_fusion.url``), on that
+    service. Config: ``timeout_s`` (verl: ``default_timeout``), ``memory_limit_mb``,
+    ``max_output_chars``."""
+
+    default_schema = _schema("python", "Run Python code; you see what it prints.", "code",
+                             "The Python code to run.")
+
+    def execute(self, arguments: Dict[str, Any]) -> str:
+        code = self._argument(arguments, "code")
+        cfg = self.config
+        timeout = float(cfg.get("timeout_s", cfg.get("default_timeout", 10.0)))
+        memory = int(cfg.get("memory_limit_mb", 1024))
+        chars = int(cfg.get("max_output_chars", 4096))
+        url = cfg.get("sandbox_fusion_url")
+        if url:
+            result = run_remote(str(url), code, timeout, memory, chars,
+                                int(cfg.get("max_concurrent", 64)),
+                                str(cfg.get("default_language", "python")))
+        else:
+            result = run_python(code, timeout, memory, chars)
+        return result.text()
+
+
+BUILT_IN = {"calculator": CalculatorTool, "python": PythonTool,
+            "siirl.environment.tools.CalculatorTool": CalculatorTool,
+            "siirl.environment.tools.PythonTool": PythonTool,
+            # verl's own config files keep working for the sandbox tool
+            "verl.tools.sandbox_fusion_tools.SandboxFusionTool": PythonTool}
+
+
+def _class(name: str, where: str) -> Any:
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{where}: class_name {name!r} cannot be imported ({exc}); "
+                          f"built-in tools: calculator, python") from None
+
+
+def _text(result: Any) -> str:
+    if inspect.isawaitable(result):
+        result = asyncio.run(_awaited(result))
+    if isinstance(result, tuple) and result:
+        result = result[0]
+    return str(getattr(result, "text", result) if result is not None else "")
+
+
+async def _awaited(result: Any) -> Any:
+    return await result
+
+
+class ToolSet:
+    """The tools of a run by name: their schemas for the chat template, and ``call``."""
+
+    def __init__(self, tools: Sequence[Tool], max_response_chars: int = 256,
+                 truncate_side: str = "middle"):
+        self.tools = {tool.name: tool for tool in tools}
+        self.max_chars, self.side = int(max_response_chars), str(truncate_side)
+
+    @property
+    def schemas(self) -> List[Dict[str, Any]]:
+        return [tool.schema for tool in self.tools.values()]
+
+    def call(self, call: ToolCall) -> str:
+        """The tool's answer, or its error text (never raises)."""
+        if call.error:
+            text = f"error: {call.error}"
+        elif call.name not in self.tools:
+            text = f"error: no tool named {call.name!r}; tools: {', '.join(self.tools)}"
+        else:
+            try:
+                text = _text(self.tools[call.name].execute(dict(call.arguments)))
+            except Exception as exc:  # a failing tool answers with its error
+                text = f"error: {type(exc).__name__}: {exc}"
+        return truncate(text, self.max_chars, self.side)[0]
+
+    def call_many(self, calls: Sequence[ToolCall], threads: int = 4) -> List[str]:
+        if len(calls) <= 1 or threads <= 1:
+            return [self.call(c) for c in calls]
+        with ThreadPoolExecutor(max_workers=min(threads, len(calls))) as pool:
+            return list(pool.map(self.call, calls))
+
+
+def load_tools(path: Optional[str], sandbox_fusion: Optional[Dict[str, Any]] = None,
+               max_response_chars: int = 256, truncate_side: str = "middle") -> ToolSet:
+    """The tools of ``path`` (none without one); ``sandbox_fusion`` (``url``,
+    ``max_concurrent``, ``memory_limit_mb``) is the default remote for python tools."""
+    import yaml
+
+    if not path:
+        return ToolSet([], max_response_chars, truncate_side)
+    where = f"rollout.multi_turn.tool_config_path={path}"
+    try:
+        with open(path) as handle:
+            spec = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc})") from None
+    tools: List[Tool] = []
+    remote = dict(sandbox_fusion or {})
+    for k, entry in enumerate(spec.get("tools") or []):
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ConfigError(f"{where}: tools[{k}] needs class_name, config, tool_schema")
+        cls = _class(str(entry["class_name"]), f"{where}: tools[{k}]")
+        config = dict(entry.get("config") or {})
+        if cls is PythonTool and remote.get("url"):
+            config.setdefault("sandbox_fusion_url", remote["url"])
+            config.setdefault("max_concurrent", remote.get("max_concurrent", 64))
+            config.setdefault("memory_limit_mb", remote.get("memory_limit_mb", 1024))
+        schema = entry.get("tool_schema")
+        if schema is not None and not (isinstance(schema, dict) and
+                                       isinstance(schema.get("function", {}).get("name"), str)):
+            raise ConfigError(f"{where}: tools[{k}].tool_schema must be an OpenAI function "
+                              "schema {type: function, function: {name, description, "
+                              "parameters}}")
+        tool = cls(config=config, tool_schema=schema)
+        if not getattr(tool, "schema", None):
+            tool.schema = dict(schema or {})
+        tool.name = getattr(tool, "name", "") or str(
+            tool.schema.get("function", {}).get("name", ""))
+        if not tool.name:
+            raise ConfigError(f"{where}: tools[{k}] has no tool_schema.function.name")
+        tools.append(tool)
+    return ToolSet(tools, max_response_chars, truncate_side)

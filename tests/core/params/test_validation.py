@@ -1,0 +1,234 @@
+"""One validation pass before anything loads (issue 16): each bad setting is named with its
+key, its value and the rule; every problem of a command comes out at once; the shipped
+presets and the README's commands still pass."""
+
+import fnmatch
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from siirl.errors import ConfigError
+from siirl.params.parser import parse_config
+from siirl.params.validation import InvalidConfigError, config_problems
+
+REPO = Path(__file__).resolve().parents[3]
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+
+
+def problems_of(*overrides, config_file=None):
+    with pytest.raises(InvalidConfigError) as info:
+        parse_config(list(overrides), config_file, validate=True)
+    return info.value.problems, str(info.value)
+
+
+# (override(s), the key the message must name, the value as it must appear)
+BAD = [
+    # sizes and counts
+    ("data.train_batch_size=0", "data.train_batch_size", "0"),
+    ("data.train_batch_size=-16", "data.train_batch_size", "-16"),
+    ("data.max_prompt_length=-1", "data.max_prompt_length", "-1"),
+    ("data.max_response_length=0", "data.max_response_length", "0"),
+    ("data.val_batch_size=0", "data.val_batch_size", "0"),
+    ("data.gen_batch_size=0", "data.gen_batch_size", "0"),
+    ("data.dataloader_num_workers=-1", "data.dataloader_num_workers", "-1"),
+    (f"{R}.n=0", f"{R}.n", "0"),
+    (f"{R}.n=-4", f"{R}.n", "-4"),
+    (f"{A}.ppo_mini_batch_size=0", f"{A}.ppo_mini_batch_size", "0"),
+    (f"{A}.ppo_micro_batch_size_per_gpu=0", f"{A}.ppo_micro_batch_size_per_gpu", "0"),
+    (f"{A}.ppo_epochs=0", f"{A}.ppo_epochs", "0"),
+    (f"{R}.log_prob_micro_batch_size_per_gpu=-2", f"{R}.log_prob_micro_batch_size_per_gpu",
+     "-2"),
+    ("critic.ppo_micro_batch_size_per_gpu=0", "critic.ppo_micro_batch_size_per_gpu", "0"),
+    ("trainer.total_epochs=0", "trainer.total_epochs", "0"),
+    ("trainer.total_training_steps=-5", "trainer.total_training_steps", "-5"),
+    ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node", "0"),
+    ("trainer.nnodes=0", "trainer.nnodes", "0"),
+    ("trainer.save_freq=-2", "trainer.save_freq", "-2"),
+    ("trainer.cpu_threads=0", "trainer.cpu_threads", "0"),
+    ("trainer.dist_timeout_s=0", "trainer.dist_timeout_s", "0"),
+    ("trainer.heartbeat_timeout_s=-1", "trainer.heartbeat_timeout_s", "-1.0"),
+    # probabilities and fractions
+    (f"{R}.top_p=1.5", f"{R}.top_p", "1.5"),
+    (f"{R}.top_p=-0.1", f"{R}.top_p", "-0.1"),
+    (f"{R}.val_kwargs.top_p=0", f"{R}.val_kwargs.top_p", "0.0"),
+    (f"{R}.gpu_memory_utilization=1.5", f"{R}.gpu_memory_utilization", "1.5"),
+    (f"{R}.top_k=-2", f"{R}.top_k", "-2"),
+    ("algorithm.gamma=1.5", "algorithm.gamma", "1.5"),
+    ("algorithm.lam=-0.5", "algorithm.lam", "-0.5"),
+    (f"{A}.optim.lr_warmup_steps_ratio=1.5", f"{A}.optim.lr_warmup_steps_ratio", "1.5"),
+    (f"{A}.optim.betas=[0.9,1.5]", f"{A}.optim.betas", "1.5"),
+    # rates, coefficients and clips
+    (f"{R}.temperature=-1", f"{R}.temperature", "-1.0"),
+    (f"{A}.optim.lr=nan", f"{A}.optim.lr", "nan"),
+    (f"{A}.optim.lr=inf", f"{A}.optim.lr", "inf"),
+    (f"{A}.optim.lr=-0.001", f"{A}.optim.lr", "-0.001"),
+    ("critic.optim.lr=nan", "critic.optim.lr", "nan"),
+    (f"{A}.optim.weight_decay=-0.01", f"{A}.optim.weight_decay", "-0.01"),
+    (f"{A}.clip_ratio=-0.2", f"{A}.clip_ratio", "-0.2"),
+    (f"{A}.clip_ratio_low=-0.1", f"{A}.clip_ratio_low", "-0.1"),
+    (f"{A}.clip_ratio_high=-0.1", f"{A}.clip_ratio_high", "-0.1"),
+    (f"{A}.clip_ratio_c=0.5", f"{A}.clip_ratio_c", "0.5"),
+    (f"{A}.clip_ratio_c=1.0", f"{A}.clip_ratio_c", "1.0"),
+    (f"{A}.grad_clip=-1", f"{A}.grad_clip", "-1.0"),
+    (f"{A}.kl_loss_coef=-0.001", f"{A}.kl_loss_coef", "-0.001"),
+    (f"{A}.entropy_coeff=inf", f"{A}.entropy_coeff", "inf"),
+    # closed sets and registered names
+    ("data.truncation=middle", "data.truncation", "'middle'"),
+    ("trainer.resume_mode=sometimes", "trainer.resume_mode", "'sometimes'"),
+    ("trainer.device=tpu", "trainer.device", "'tpu'"),
+    (f"{A}.optim.warmup_style=linear", f"{A}.optim.warmup_style", "'linear'"),
+    ("algorithm.adv_estimator=magic", "algorithm.adv_estimator", "'magic'"),
+    (f"{A}.loss_agg_mode=average", f"{A}.loss_agg_mode", "'average'"),
+    (f"{A}.policy_loss.loss_mode=ppo2", f"{A}.policy_loss.loss_mode", "'ppo2'"),
+    # relations between keys
+    ((f"{A}.ppo_mini_batch_size=12", "data.train_batch_size=16"), f"{A}.ppo_mini_batch_size",
+     "12"),
+    ((f"{A}.ppo_mini_batch_size=32", "data.train_batch_size=16"), f"{A}.ppo_mini_batch_size",
+     "32"),
+    ((f"{A}.ppo_micro_batch_size_per_gpu=3", f"{A}.ppo_mini_batch_size=4", f"{R}.n=2",
+      "data.train_batch_size=8"), f"{A}.ppo_micro_batch_size_per_gpu", "3"),
+    (("data.train_batch_size=15", f"{A}.ppo_mini_batch_size=15", "trainer.n_gpus_per_node=2"),
+     "data.train_batch_size", "15"),
+    ((f"{R}.max_model_len=100", "data.max_prompt_length=64", "data.max_response_length=64"),
+     f"{R}.max_model_len", "100"),
+    ((f"{R}.tensor_model_parallel_size=2",), f"{R}.tensor_model_parallel_size", "2"),
+    ((f"{A}.policy_loss.clip_cov_lb=6.0", f"{A}.policy_loss.clip_cov_ub=1.0"),
+     f"{A}.policy_loss.clip_cov_lb", "6.0"),
+    (("algorithm.embodied_sampling.accuracy_lower_bound=0.9",
+      "algorithm.embodied_sampling.accuracy_upper_bound=0.1"),
+     "algorithm.embodied_sampling.accuracy_lower_bound", "0.9"),
+    (("trainer.resume_mode=resume_path",), "trainer.resume_mode", "resume_path"),
+    (("reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=9",
+      "data.max_response_length=8"), "reward_model.overlong_buffer.len", "9"),
+    # a refused key, in the same pass
+    (f"{R}.response_length=16", f"{R}.response_length", "16"),
+]
+
+
+def _id(case):
+    overrides = case[0] if isinstance(case[0], tuple) else (case[0],)
+    return overrides[0]
+
+
+@pytest.mark.parametrize("overrides,key,value", BAD, ids=[_id(c) for c in BAD])
+def test_a_bad_setting_is_named_with_its_value_and_rule(overrides, key, value):
+    overrides = overrides if isinstance(overrides, tuple) else (overrides,)
+    problems, message = problems_of(*overrides)
+    assert len(problems) == 1, problems  # named once, not again at the keys that follow it
+    line = problems[0]
+    assert key in line and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.])", line), line
+    assert "must" in line or "needs" in line or "would ignore" in line, line  # the rule
+    assert message == line and "\n" not in message
+
+
+def test_every_problem_comes_out_at_once_as_a_numbered_list():
+    problems, message = problems_of("data.train_batch_size=0", f"{R}.n=0", f"{A}.optim.lr=nan",
+                                    "trainer.totl_training_steps=5", "trainer.total_epochs=x")
+    assert len(problems) == 5
+    lines = message.splitlines()
+    assert lines[0] == "5 problems in the configuration (nothing was started):"
+    assert [line.split(".", 1)[0].strip() for line in lines[1:]] == ["1", "2", "3", "4", "5"]
+    for needle in ("data.train_batch_size=0", f"{R}.n=0", f"{A}.optim.lr=nan",
+                   "did you mean trainer.total_training_steps", "trainer.total_epochs"):
+        assert needle in message, needle
+
+
+def test_without_validate_parse_config_stays_lenient():
+    # engine tests build deliberately partial configurations to reach the engines' checks
+    parse_config([f"{A}.ppo_micro_batch_size_per_gpu=3", f"{R}.server_timeout_s=0"])
+    with pytest.raises(ConfigError):  # the overlong buffer was always checked (issue 13)
+        parse_config(["reward_model.overlong_buffer.enable=true",
+                      "reward_model.overlong_buffer.len=0"])
+
+
+def test_the_critic_is_checked_when_it_runs_and_named_once():
+    assert parse_config(["critic.ppo_micro_batch_size_per_gpu=3"], validate=True)  # no critic
+    problems, _ = problems_of("algorithm.adv_estimator=gae",
+                              "critic.ppo_micro_batch_size_per_gpu=3")
+    assert len(problems) == 1 and problems[0].startswith("critic.ppo_micro_batch_size_per_gpu=3")
+    problems, _ = problems_of(f"{A}.ppo_mini_batch_size=0")  # critic's follows: named once
+    assert len(problems) == 1 and problems[0].startswith(f"{A}.ppo_mini_batch_size=0")
+
+
+def test_megatron_groups_must_divide_the_workers():
+    megatron = [f"{A}.strategy=megatron", f"{A}.megatron.pipeline_model_parallel_size=2"]
+    parse_config(megatron + ["trainer.n_gpus_per_node=2"], validate=True)
+    problems, _ = problems_of(*megatron, "trainer.n_gpus_per_node=3",
+                              "data.train_batch_size=30")
+    assert any("pipeline_model_parallel_size=2" in p and "workers (3" in p for p in problems)
+
+
+def test_registered_names_are_left_to_user_code_that_may_register_them():
+    parse_config(["algorithm.adv_estimator=my_estimator",
+                  "dag.custom_pipeline_fn=my_module:pipeline"], validate=True)
+
+
+def test_every_rule_names_schema_keys():
+    from siirl.params.key_support import leaf_defaults
+    from siirl.params.value_rules import REGISTRIES, RULES, USER_CODE_KEYS
+
+    leaves = leaf_defaults()
+    for rule in RULES:
+        for pattern in rule.patterns:
+            assert fnmatch.filter(leaves, pattern), pattern
+    for key in [k for keys, _, _ in REGISTRIES for k in keys] + list(USER_CODE_KEYS):
+        assert key in leaves, key
+
+
+def test_closed_sets_match_the_code_that_reads_them():
+    from siirl.dag_worker.core_algos import advantages, kl, policy_losses
+    from siirl.engine.common import optim
+    from siirl.execution import device
+    from siirl.params import value_rules
+
+    assert value_rules.DEVICES == device.DEVICES
+    assert set(value_rules.LR_SCHEDULES) == set(optim._STYLES)
+    live = {"advantage estimator": advantages._ADV_ESTIMATORS,
+            "loss aggregation mode": policy_losses._AGG_MODES,
+            "policy loss": policy_losses._POLICY_LOSSES, "KL estimator": kl._KL_ESTIMATORS,
+            "KL controller": kl._KL_CONTROLLERS, "CPGD weight factor": advantages._CPGD_WEIGHTS}
+    for _, what, names in value_rules.REGISTRIES:
+        assert sorted(names) == live[what].names(), what
+
+
+def test_defaults_and_shipped_presets_validate():
+    assert config_problems(parse_config([])) == []
+    presets = sorted((REPO / "configs").glob("*.yaml"))
+    assert presets
+    for preset in presets:
+        parse_config([], str(preset), validate=True)
+
+
+def _readme_commands():
+    readme = (REPO / "README.md").read_text()
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            if "siirl-train" in line:
+                yield shlex.split(line.split("siirl-train", 1)[1], comments=True)
+
+
+def test_the_readme_commands_validate():
+    commands = list(_readme_commands())
+    assert len(commands) >= 8
+    for words in commands:
+        preset, overrides, args = None, [], iter(words)
+        for word in args:
+            if word == "--config":
+                preset = str(REPO / next(args))
+            elif "=" in word and not word.startswith("-") and word != "key=value":
+                overrides.append(word)
+        parse_config(overrides, preset, validate=True)
+
+
+def test_the_cli_exits_2_with_the_list_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "siirl.main_dag", "data.train_batch_size=0",
+                           f"{A}.optim.lr=nan", "--print-config"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "2 problems" in proc.stderr and "1. data.train_batch_size=0" in proc.stderr
+    assert f"2. {A}.optim.lr=nan: must be a finite number" in proc.stderr
