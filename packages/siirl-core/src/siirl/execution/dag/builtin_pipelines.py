@@ -19,8 +19,9 @@ DAPO_FILTER = "siirl.user_interface.filter_interface.dapo:dynamic_sampling"
 EMBODIED_FILTER = "siirl.user_interface.filter_interface.embodied:embodied_local_rank_sampling"
 
 
-def _chain(pipeline: Pipeline, steps) -> TaskGraph:
-    """Add ``steps`` as a linear chain: each node depends on the one before it."""
+def chain(pipeline: Pipeline, steps) -> TaskGraph:
+    """Add ``steps`` ``(node_id, func, node_type, node_role)`` as a linear chain: each node
+    depends on the one before it (plugins build their workflows with it too)."""
     previous = None
     for node_id, func, node_type, node_role in steps:
         pipeline.add_node(node_id, func=func, deps=[previous] if previous else [],
@@ -41,28 +42,32 @@ _VALUE = ("critic_value", f"{WORKER}.compute_value", _INFER, NodeRole.CRITIC)
 _TRAIN_CRITIC = ("critic_train", f"{WORKER}.train_critic", _TRAIN, NodeRole.CRITIC)
 _DAPO_FILTER = ("dynamic_sampling", DAPO_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
 _EMBODIED_FILTER = ("embodied_sampling", EMBODIED_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
+# the worker's own nodes, for workflows that reuse them: name -> (node_id, func, type, role)
+STEPS = {"reward": _REWARD, "advantage": _ADVANTAGE, "old_log_prob": _OLD_LOG,
+         "ref_log_prob": _REF_LOG, "train_actor": _TRAIN_ACTOR, "critic_value": _VALUE,
+         "train_critic": _TRAIN_CRITIC}
 
 
 def grpo_pipeline() -> TaskGraph:
-    return _chain(Pipeline("grpo_training_pipeline", "GRPO: group-normalised outcome reward"),
+    return chain(Pipeline("grpo_training_pipeline", "GRPO: group-normalised outcome reward"),
                   [_ROLLOUT, _REWARD, _ADVANTAGE, _OLD_LOG, _REF_LOG, _TRAIN_ACTOR])
 
 
 def ppo_pipeline() -> TaskGraph:
-    return _chain(Pipeline("ppo_training_pipeline", "PPO: critic values and GAE"),
+    return chain(Pipeline("ppo_training_pipeline", "PPO: critic values and GAE"),
                   [_ROLLOUT, _REWARD, _VALUE, _ADVANTAGE, _OLD_LOG, _REF_LOG, _TRAIN_ACTOR,
                    _TRAIN_CRITIC])
 
 
 def dapo_pipeline() -> TaskGraph:
-    return _chain(Pipeline("dapo_training_pipeline",
+    return chain(Pipeline("dapo_training_pipeline",
                            "DAPO: GRPO with zero-variance groups filtered out"),
                   [_ROLLOUT, _REWARD, _DAPO_FILTER, _ADVANTAGE, _OLD_LOG, _REF_LOG,
                    _TRAIN_ACTOR])
 
 
 def embodied_grpo_pipeline() -> TaskGraph:
-    return _chain(Pipeline("embodied_grpo_training_pipeline",
+    return chain(Pipeline("embodied_grpo_training_pipeline",
                            "Embodied GRPO/SRPO: task-success filtering before reward"),
                   [_ROLLOUT, _EMBODIED_FILTER, _REWARD, _ADVANTAGE, _OLD_LOG, _REF_LOG,
                    _TRAIN_ACTOR])
