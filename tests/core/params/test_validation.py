@@ -180,19 +180,35 @@ def test_every_rule_names_schema_keys():
 
 
 def test_closed_sets_match_the_code_that_reads_them():
-    from siirl.dag_worker.core_algos import advantages, kl, policy_losses
-    from siirl.engine.common import optim
-    from siirl.execution import device
-    from siirl.params import value_rules
+    """The copied name lists equal the live registries, read in a fresh interpreter (other
+    tests register their own estimators and losses in this one)."""
+    import json
+    import subprocess
+    import sys
 
-    assert value_rules.DEVICES == device.DEVICES
-    assert set(value_rules.LR_SCHEDULES) == set(optim._STYLES)
-    live = {"advantage estimator": advantages._ADV_ESTIMATORS,
-            "loss aggregation mode": policy_losses._AGG_MODES,
-            "policy loss": policy_losses._POLICY_LOSSES, "KL estimator": kl._KL_ESTIMATORS,
-            "KL controller": kl._KL_CONTROLLERS, "CPGD weight factor": advantages._CPGD_WEIGHTS}
-    for _, what, names in value_rules.REGISTRIES:
-        assert sorted(names) == live[what].names(), what
+    script = """
+import json
+from siirl.dag_worker.core_algos import advantages, kl, policy_losses
+from siirl.engine.common import optim
+from siirl.execution import device
+from siirl.params import value_rules
+live = {"advantage estimator": advantages._ADV_ESTIMATORS,
+        "loss aggregation mode": policy_losses._AGG_MODES,
+        "policy loss": policy_losses._POLICY_LOSSES, "KL estimator": kl._KL_ESTIMATORS,
+        "KL controller": kl._KL_CONTROLLERS, "CPGD weight factor": advantages._CPGD_WEIGHTS}
+print(json.dumps({
+    "devices": [list(value_rules.DEVICES), list(device.DEVICES)],
+    "schedules": [sorted(value_rules.LR_SCHEDULES), sorted(optim._STYLES)],
+    "registries": {what: [sorted(names), live[what].names()]
+                   for _, what, names in value_rules.REGISTRIES}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    found = json.loads(out)
+    assert found["devices"][0] == found["devices"][1]
+    assert found["schedules"][0] == found["schedules"][1]
+    for what, (copied, live) in found["registries"].items():
+        assert copied == live, what
 
 
 def test_defaults_and_shipped_presets_validate():
