@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -142,3 +143,33 @@ def test_score_normalization(grouping):
     last = mask.shape[1] - 1 - mask.flip(dims=[1]).argmax(dim=-1)
     assert torch.equal(rows["token_level_scores"].sum(dim=-1),
                        rows["token_level_scores"][torch.arange(2), last])
+
+
+def test_two_workers_play_the_same_episodes_as_one(tmp_path):
+    """Same global batch: the episodes (seeded by row) and the first step's actor metrics
+    equal the 1-worker run's; counts add up over the workers."""
+    common = [sys.executable, "-m", "siirl.main_dag", "algorithm.workflow_type=AGENTIC",
+              "+custom_envs.FrozenLake.env_type=frozen_lake",
+              "+custom_envs.FrozenLake.env_instruction=frozenlake",
+              "actor_rollout_ref.model.path=builtin:tiny-agent",
+              "env_manager.max_actions_per_traj=4", "env_manager.max_tokens_per_step=8",
+              "data.max_response_length=8", "data.train_batch_size=8",
+              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+              "trainer.total_training_steps=1", "trainer.val_before_train=false",
+              "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[]",
+              "trainer.device=cpu"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
+    runs = {}
+    for workers, extra in ((1, []), (2, ["trainer.n_gpus_per_node=2",
+                                         "trainer.ray_address=local",
+                                         f"trainer.ray_temp_dir={ray_dir}"])):
+        run_dir = tmp_path / str(workers)
+        proc = subprocess.run([*common, f"trainer.default_local_dir={run_dir}", *extra],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[workers] = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    one, two = runs[1], runs[2]
+    for key in ("env/success_rate", "env/score/mean", "env/score/min", "env/turns/mean",
+                "env/format_errors", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert abs(one[key] - two[key]) <= 1e-5 * max(1.0, abs(one[key])), key

@@ -28,6 +28,9 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("reward/samples", SUM),
     ("reward/retried", SUM),
     ("reward/timeouts", SUM),
+    ("env/errors/*", SUM),  # agentic episodes: failures and format errors are counts
+    ("*/format_errors", SUM),
+    ("multi_turn/tool_errors", SUM),
     ("*/count", SUM),
     ("*/total", SUM),
     ("*/kept", SUM),
