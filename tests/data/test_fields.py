@@ -37,6 +37,7 @@ OTHER_FIELDS = {
     fields.VALUES: "critic (PPO)",
     fields.OVERLONG_REWARD: "reward with reward_model.overlong_buffer (DAPO)",
     fields.COMPLETE: "embodied rollout",
+    fields.ENV_SCORES: "multi-agent rollout",
     fields.ROLLOUT_LOG_PROBS: "the vllm rollout",
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
 }

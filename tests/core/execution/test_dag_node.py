@@ -62,11 +62,11 @@ def test_model_train_reward_rejected_naming_node_type_and_role():
     assert "trainer" in msg and "MODEL_TRAIN" in msg and "REWARD" in msg
 
 
-def test_model_train_reference_needs_only_forward_compute():
-    with pytest.raises(PipelineError) as info:
-        Node("ref", "MODEL_TRAIN", "REFERENCE").check_type_role()
-    assert "ref" in str(info.value) and "only_forward_compute" in str(info.value)
-    Node("ref", "MODEL_TRAIN", "REFERENCE", only_forward_compute=True).check_type_role()
+def test_model_train_reference_is_forward_only():
+    # siiRL's own workflow files write the reference's log-prob node as MODEL_TRAIN
+    node = Node("ref", "MODEL_TRAIN", "REFERENCE")
+    node.check_type_role()
+    assert node.only_forward_compute
 
 
 def test_compute_rollout_rejected():

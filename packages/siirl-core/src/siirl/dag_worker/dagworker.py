@@ -23,14 +23,15 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from siirl.dag_worker import algorithm_nodes
+from siirl.dag_worker.agent_groups import AgentGroups, sees_all_agents
 from siirl.dag_worker.dag_utils import merge_parent_batches
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
-from siirl.dag_worker.engines import WorkerEngines, roles_needed
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
 from siirl.dag_worker.weight_sync import RolloutWeightSync, bucket_bytes_of
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
+    ENV_SCORES,
     INPUT_IDS,
     OLD_LOG_PROBS,
     POSITION_IDS,
@@ -66,8 +67,12 @@ class DAGWorker:
         self._buffer = None
         self.step_state: Dict[str, Any] = {}  # node scratch space for one training step
         self.global_step = 0
-        self.engines = WorkerEngines(config, worker=self)
-        self.weight_sync = RolloutWeightSync(self.engines, bucket_bytes_of(config))
+        # per agent group (one for an ordinary graph): settings and engines
+        self.agents = AgentGroups(taskgraph, config, worker=self)
+        self.agent_group = self.agents.ids[0]  # whose engines ``engines`` gives now
+        self._weight_syncs = {g: RolloutWeightSync(self.agents.engines[g],
+                                                   bucket_bytes_of(self.agents.configs[g]))
+                              for g in self.agents.ids}
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()
@@ -79,9 +84,18 @@ class DAGWorker:
         # each has state_dict()/load_state_dict().
         self.algorithm_objects: Dict[str, Any] = {}
 
+    @property
+    def engines(self) -> Any:
+        """The engines of the agent group whose node runs now (the only group's, usually)."""
+        return self.agents.engines[self.agent_group]
+
+    @property
+    def weight_sync(self) -> RolloutWeightSync:
+        return self._weight_syncs[self.agent_group]
+
     def init_engines(self) -> None:
         """Import every engine plugin the graph needs, so a missing one fails up front."""
-        self.engines.resolve(roles_needed(self.taskgraph))
+        self.agents.resolve()
 
     def setup(self) -> None:
         """Build this worker's engines (actor first: the others share its model and
@@ -94,14 +108,14 @@ class DAGWorker:
             ranks, me = self.process_groups.ranks, self.comm.rank
         else:  # no process groups: this worker alone, or a hand-built rank for tests
             ranks, me = tuple(range(self.world_size)), self.rank
-        self._layouts = node_layouts(self.taskgraph, self.config, ranks)
+        self._layouts = node_layouts(self.taskgraph, self.config, ranks,
+                                     lambda node: self.agents.configs[node.agent_group])
         data = entry_layout(self.taskgraph, self._layouts)
-        roles = roles_needed(self.taskgraph)
-        self.engines.resolve(roles)
-        if "actor" in roles:
+        self.agents.resolve()
+        if "actor" in self.agents.all_roles():
             algorithm_nodes.check_algorithm_names(self.config)
         algorithm_nodes.setup_algorithm_objects(self, self.config)
-        self.engines.build(roles)
+        self.agents.build()
         self.tokenizer = self.engines.tokenizer()
         if self.tokenizer is not None:
             # rows by the entry node's data-parallel rank: tensor-parallel peers share them
@@ -117,7 +131,7 @@ class DAGWorker:
         return self.process_groups.group_for(role)
 
     def can_validate(self) -> bool:
-        roles = roles_needed(self.taskgraph)
+        roles = self.agents.all_roles()
         return ("rollout" in roles and "reward" in roles) or \
             self.scored_rollout() is not None
 
@@ -146,10 +160,11 @@ class DAGWorker:
 
     def set_total_training_steps(self, steps: int) -> None:
         """Engines with a learning-rate schedule need the run's length."""
-        for role in roles_needed(self.taskgraph):
-            engine = self.engines.get(role)
-            if hasattr(engine, "set_total_training_steps"):
-                engine.set_total_training_steps(steps)
+        for group in self.agents.ids:
+            for role in self.agents.roles(group):
+                engine = self.agents.engines[group].get(role)
+                if hasattr(engine, "set_total_training_steps"):
+                    engine.set_total_training_steps(steps)
 
     def algorithm_state(self) -> Dict[str, Any]:
         return {name: obj.state_dict() for name, obj in self.algorithm_objects.items()}
@@ -193,7 +208,7 @@ class DAGWorker:
             else:
                 node_input = batch
             self.sync_rollout_weights()
-            output, seconds = self.executor.run(node, node_input, self.config)
+            output, seconds = self._run_node(node, node_input)
             self.metrics.add_node(node_id, output.metrics, seconds)
             if (output.info or {}).get("regenerate"):
                 return None
@@ -207,12 +222,40 @@ class DAGWorker:
         self.sync_rollout_weights()
         return exits
 
+    def _run_node(self, node: Any, batch: Any) -> tuple:
+        """Run one node with its agent group's engines; in a multi-agent graph on its
+        agent's view of the batch (``agent_groups``), its metrics named by agent group."""
+        agents = self.agents
+        if not agents.multi:
+            return self.executor.run(node, batch, self.config)
+        group = node.agent_group
+        if agents.skips_training(node, self.global_step):
+            return NodeOutput(batch=batch, metrics={
+                f"agent_group_{group}/{node.node_id}/train_cycle_skipped": 1.0}), 0.0
+        self.agent_group = group
+        try:
+            config = agents.configs[group]
+            if sees_all_agents(self.executor.callable_for(node)):
+                output, seconds = self.executor.run(node, batch, config)
+                return output, seconds
+            view = agents.view(batch, group) if batch is not None else None
+            before = agents.snapshot(view) if view is not None else {}
+            output, seconds = self.executor.run(node, view, config)
+            # a node returning no batch changed its input in place (or nothing)
+            out = view if output.batch is None else output.batch
+            merged = agents.merge(batch, before, out, group) if batch is not None else out
+            return NodeOutput(merged, agents.metric_names(group, output.metrics),
+                              output.info), seconds
+        finally:
+            self.agent_group = agents.ids[0]
+
     def sync_rollout_weights(self) -> None:
-        """The weight-sync step: when the actor's weights changed since the rollout last
+        """The weight-sync step: when an actor's weights changed since its rollout last
         took them, hand them over now (timed as ``timing_s/weight_sync``)."""
-        if self.weight_sync.needed():
-            for name, value in self.weight_sync.run().items():
-                self.metrics.accumulate(name, value)
+        for sync in self._weight_syncs.values():
+            if sync.needed():
+                for name, value in sync.run().items():
+                    self.metrics.accumulate(name, value)
 
     def _moved(self, batch: Any, parent: str, child: str) -> Any:
         """``parent``'s output laid out as ``child`` needs it (the same object when the
@@ -264,6 +307,16 @@ class DAGWorker:
         return self.engines.rollout.generate(batch)
 
     def compute_reward(self, batch, config=None, **kwargs) -> NodeOutput:
+        if self.agents.multi and ENV_SCORES in batch.keys():
+            from siirl.execution.rollout_flow.multi_agent.rollout import (
+                env_rewards,
+                rewards_with_env,
+            )
+
+            if rewards_with_env(config if config is not None else self.config,
+                                self.taskgraph):  # the environment scored the episodes
+                return NodeOutput(batch=env_rewards(batch),
+                                  metrics={"reward/env_score/mean": batch[ENV_SCORES].mean()})
         return self.engines.reward.compute_reward(batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
@@ -299,9 +352,16 @@ class DAGWorker:
         return self.engines.critic.update_critic(batch)
 
     def compute_advantage(self, batch, config=None, **kwargs) -> NodeOutput:
-        """Advantages and returns by ``algorithm.adv_estimator`` (see algorithm_nodes)."""
-        return algorithm_nodes.compute_advantage(self, batch,
-                                                 config if config is not None else self.config)
+        """Advantages and returns by ``algorithm.adv_estimator`` (see algorithm_nodes); in
+        a multi-agent graph for every agent group (``multi_agent_advantage``)."""
+        config = config if config is not None else self.config
+        if self.agents.multi:
+            from siirl.dag_worker.multi_agent_advantage import compute_agents_advantage
+
+            return compute_agents_advantage(self, batch, config)
+        return algorithm_nodes.compute_advantage(self, batch, config)
+
+    compute_advantage.__siirl_all_agents__ = True
 
     def __repr__(self) -> str:
         return f"DAGWorker(rank={self.rank}/{self.world_size}, graph={self.taskgraph.graph_id})"

@@ -38,7 +38,7 @@ BUILD_ORDER = ("actor", "rollout", "reference", "critic", "reward")
 MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn.enable"
 MULTI_TURN_PLUGIN = "multi_turn"
 
-_NODE_ROLE_TO_ENGINE = {
+NODE_ROLE_TO_ENGINE = {
     NodeRole.ROLLOUT: "rollout",
     NodeRole.ACTOR: "actor",
     NodeRole.REFERENCE: "reference",
@@ -54,7 +54,7 @@ def roles_needed(graph: TaskGraph) -> list:
         # the worker's own node methods, and siirl-envs' nodes that drive its engines
         uses_worker = (node.executable_ref or "").startswith(("siirl.dag_worker.dagworker:",
                                                               "siirl.environment."))
-        role = _NODE_ROLE_TO_ENGINE.get(node.node_role)
+        role = NODE_ROLE_TO_ENGINE.get(node.node_role)
         if uses_worker and role and role not in roles and node.node_type is not NodeType.DATA_LOAD:
             roles.append(role)
     return roles

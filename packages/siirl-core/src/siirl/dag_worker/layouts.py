@@ -13,7 +13,7 @@ rows; between equal layouts they stay in place.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from siirl.data_coordinator.data_buffer import Layout
 from siirl.errors import ConfigError
@@ -55,14 +55,18 @@ def _role_layout(role: NodeRole, config: Any, ranks: Sequence[int]) -> Layout:
     return Layout(tuple(ranks), size)
 
 
-def node_layouts(graph: TaskGraph, config: Any, ranks: Sequence[int]) -> Dict[str, Layout]:
-    """Layout of every node (in execution order) for a graph run by global ``ranks``."""
+def node_layouts(graph: TaskGraph, config: Any, ranks: Sequence[int],
+                 config_for: Optional[Callable[[Any], Any]] = None) -> Dict[str, Layout]:
+    """Layout of every node (in execution order) for a graph run by global ``ranks``;
+    ``config_for(node)``: the settings of the node's engines (its agent group's), if not
+    ``config``."""
     plain = Layout(tuple(ranks), 1)
     layouts: Dict[str, Layout] = {}
     for node_id in graph.get_execution_order():
         node = graph.nodes[node_id]
         if node.node_role in _MODEL_PARALLEL_KEYS or node.node_role in _DATA_PARALLEL_ROLES:
-            layouts[node_id] = _role_layout(node.node_role, config, ranks)
+            own = config_for(node) if config_for is not None else config
+            layouts[node_id] = _role_layout(node.node_role, own, ranks)
         elif node.dependencies:
             layouts[node_id] = layouts[node.dependencies[0]]
         else:

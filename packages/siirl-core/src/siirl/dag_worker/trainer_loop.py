@@ -92,6 +92,9 @@ class Trainer:
                                                           "trainer.max_actor_ckpt_to_keep"))
 
     def _stateful_engines(self) -> Dict[str, Any]:
+        agents = getattr(self.worker, "agents", None)
+        if agents is not None:  # every agent group's (a multi-agent workflow has several)
+            return agents.stateful(STATEFUL_ROLES)
         return {role: self.worker.engines.get(role) for role in STATEFUL_ROLES
                 if role in self.worker.engines}
 

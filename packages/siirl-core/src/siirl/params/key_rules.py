@@ -297,8 +297,10 @@ RULES: Tuple[Rule, ...] = (
             "max_assistant_turns", "max_user_turns", "tool_config_path",
             "interaction_config_path", "max_parallel_calls", "max_tool_response_length",
             "tool_response_truncate_side", "format")), "no effect: multi-turn is off",
-        "multi_turn settings only act with actor_rollout_ref.rollout.multi_turn.enable=true.",
-        lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
+        "multi_turn settings only act with actor_rollout_ref.rollout.multi_turn.enable=true "
+        "(max_assistant_turns also in a multi-agent workflow file).",
+        lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False) and not (
+            key.endswith("max_assistant_turns") and _custom_workflow(config))),
     # -- critic
     _refused("critic.enable", "the workflow decides whether a critic runs",
              "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "

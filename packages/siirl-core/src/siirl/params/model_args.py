@@ -212,6 +212,16 @@ class MultiTurnArguments:
     use_inference_chat_template: bool = False
     tokenization_sanity_check_mode: str = "strict"
     format: str = "hermes"
+    # multi-agent workflows (siiRL): train every turn of an episode (unsupported) or the last
+    use_all_traj: bool = False
+
+
+@dataclass
+class AgentRolloutArguments:
+    """siiRL's multi-agent rollout settings (``rollout.agent.*``)."""
+
+    # score the episodes with the environment's score instead of the reward function
+    rewards_with_env: bool = False
 
 
 @dataclass
@@ -267,6 +277,7 @@ class RolloutArguments:
     )
     val_kwargs: ValKwargsArguments = field(default_factory=ValKwargsArguments)
     multi_turn: MultiTurnArguments = field(default_factory=MultiTurnArguments)
+    agent: AgentRolloutArguments = field(default_factory=AgentRolloutArguments)
 
 
 @dataclass

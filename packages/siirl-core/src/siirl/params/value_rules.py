@@ -153,7 +153,7 @@ RULES: Tuple[ValueRule, ...] = (
 # only when the configuration imports no user code that could have registered it.
 REGISTRIES = (
     (("algorithm.adv_estimator",), "advantage estimator", (
-        "cpgd", "drgrpo", "gae", "gpg", "grpo", "grpo_passk", "gspo", "opo",
+        "cpgd", "drgrpo", "gae", "gae_marft", "gpg", "grpo", "grpo_passk", "gspo", "opo",
         "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")),
     ((f"{A}.loss_agg_mode", f"{C}.loss_agg_mode"), "loss aggregation mode", (
         "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),

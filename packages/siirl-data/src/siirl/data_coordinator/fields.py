@@ -57,3 +57,4 @@ RETURNS = "returns"  # float32 [B, R]: returns (the critic's targets under GAE)
 
 # --- embodied rollout ------------------------------------------------------------------
 COMPLETE = "complete"  # 0/1 per episode: task success (embodied sampling's default metric)
+ENV_SCORES = "env_scores"  # float32 [B]: the environment's episode score (multi-agent rollout)

@@ -31,6 +31,8 @@ Token-level estimators:
 
 - ``gae``: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1},
   computed right to left; returns = A + V; A is then whitened over the response mask.
+- ``gae_marft``: GAE over several agents' responses taken as one sequence (MARFT), whitened
+  per agent.
 - ``reinforce_plus_plus``: G_t = r_t + gamma G_{t+1}, whitened over the response mask.
 """
 
@@ -254,19 +256,51 @@ def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torc
     whitened carried value there; no loss reads it).
     """
     with torch.no_grad():
-        next_value = torch.zeros_like(values[:, 0])
-        running = torch.zeros_like(values[:, 0])
-        reversed_adv = []
-        for t in reversed(range(token_level_rewards.shape[1])):
-            mask_t = response_mask[:, t].to(values.dtype)
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            candidate = delta + gamma * lam * running
-            running = candidate * mask_t + (1 - mask_t) * running
-            next_value = values[:, t] * mask_t + (1 - mask_t) * next_value
-            reversed_adv.append(running)
-        advantages = torch.stack(reversed_adv[::-1], dim=1)
+        advantages = _raw_gae(token_level_rewards, values, response_mask, gamma, lam)
         returns = advantages + values
         advantages = masked_whiten(advantages, response_mask) * response_mask
+    return advantages, returns
+
+
+def _raw_gae(token_level_rewards, values, response_mask, gamma: float, lam: float):
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    reversed_adv = []
+    for t in reversed(range(token_level_rewards.shape[1])):
+        mask_t = response_mask[:, t].to(values.dtype)
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        candidate = delta + gamma * lam * running
+        running = candidate * mask_t + (1 - mask_t) * running
+        next_value = values[:, t] * mask_t + (1 - mask_t) * next_value
+        reversed_adv.append(running)
+    return torch.stack(reversed_adv[::-1], dim=1)
+
+
+@register_adv_est("gae_marft")
+def compute_marft_gae_advantage_return(token_level_rewards, values, response_mask,
+                                       gamma: float, lam: float):
+    """MARFT's GAE for agents acting in turn (Reasoner, then Actor, ...) within one episode.
+
+    Each argument is a list with one ``[B, R_g]`` tensor per agent, in acting order (a
+    single tensor is one agent: then this is ``gae``). The agents' response tokens form one
+    sequence per row: agent g's last token bootstraps from agent g+1's first token value,
+    the last agent's last token from 0, so an early agent's advantage carries the later
+    agents' rewards and values. Returns ``(advantages, returns)`` as lists per agent (a pair
+    of tensors for a single tensor); advantages are whitened per agent over its mask.
+    """
+    if isinstance(token_level_rewards, torch.Tensor):
+        return compute_gae_advantage_return(token_level_rewards, values, response_mask,
+                                            gamma, lam)
+    widths = [r.shape[1] for r in token_level_rewards]
+    with torch.no_grad():
+        joint = _raw_gae(torch.cat(list(token_level_rewards), dim=1),
+                         torch.cat(list(values), dim=1),
+                         torch.cat(list(response_mask), dim=1), gamma, lam)
+        advantages, returns = [], []
+        for part, value, mask in zip(torch.split(joint, widths, dim=1), values, response_mask,
+                                     strict=True):
+            returns.append(part + value)
+            advantages.append(masked_whiten(part, mask) * mask)
     return advantages, returns
 
 

@@ -55,6 +55,19 @@ def _coerce_enum(enum_cls, value, node_id: str, what: str):
     raise PipelineError(f"node '{node_id}': {what} {value!r} is not one of {names}")
 
 
+# agent_options a node may carry (siiRL's names), what each does:
+AGENT_OPTIONS = {
+    "process_path": "file with pre_process/post_process: the agent's prompt and hand-over",
+    "pre_process_kwargs": "keywords for pre_process (e.g. pre_chat_template)",
+    "post_process_kwargs": "keywords for post_process (e.g. post_chat_template)",
+    "env_path": "['file.py:Class']: the environment stepped after this agent's turn",
+    "obs_with_env": "pass the environment's latest observation to pre_process",
+    "rewards_with_env": "score episodes with the environment's reward",
+    "share_instance": "use another agent group's engine for this role (e.g. one critic)",
+    "train_cycle": "agents take turns to train, this many steps each",
+}
+
+
 @dataclass
 class Node:
     """One step of the workflow.
@@ -71,6 +84,12 @@ class Node:
     executable: Optional[Callable[..., Any]] = None
     executable_ref: Optional[str] = None
     only_forward_compute: bool = False
+    # Multi-agent workflows (siiRL's MARFT files): which agent's engines the node uses, the
+    # settings of that agent's engines (keys under actor_rollout_ref, e.g. "rollout.n"), and
+    # per-agent options (AGENT_OPTIONS). One agent group (0) is an ordinary workflow.
+    agent_group: int = 0
+    config: Dict[str, Any] = field(default_factory=dict)
+    agent_options: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -80,6 +99,35 @@ class Node:
         if isinstance(self.dependencies, str):
             self.dependencies = [self.dependencies]
         self.dependencies = list(self.dependencies or [])
+        if self.node_type is NodeType.MODEL_TRAIN and self.node_role is NodeRole.REFERENCE:
+            # the reference is never trained: siiRL's workflow files write its log-prob node
+            # as MODEL_TRAIN, with or without only_forward_compute
+            self.only_forward_compute = True
+        if isinstance(self.agent_group, bool) or not isinstance(self.agent_group, int) or \
+                self.agent_group < 0:
+            raise PipelineError(f"node '{self.node_id}': agent_group must be an integer >= 0, "
+                                f"got {self.agent_group!r}")
+        for what in ("config", "agent_options"):
+            value = getattr(self, what)
+            if value is None:
+                setattr(self, what, {})
+            elif not isinstance(value, dict):
+                raise PipelineError(f"node '{self.node_id}': {what} must be a mapping, got "
+                                    f"{type(value).__name__}")
+        unknown = sorted(set(self.agent_options) - set(AGENT_OPTIONS))
+        if unknown:
+            raise PipelineError(f"node '{self.node_id}': unknown agent_options {unknown}; "
+                                f"allowed: {', '.join(AGENT_OPTIONS)}")
+        share = self.agent_options.get("share_instance")
+        if share is not None and (isinstance(share, bool) or not isinstance(share, int)
+                                  or share < 0 or share == self.agent_group):
+            raise PipelineError(f"node '{self.node_id}': agent_options.share_instance={share!r} "
+                                "must name another agent group (an integer)")
+        cycle = self.agent_options.get("train_cycle")
+        if cycle is not None and (isinstance(cycle, bool) or not isinstance(cycle, int)
+                                  or cycle < 1):
+            raise PipelineError(f"node '{self.node_id}': agent_options.train_cycle={cycle!r} "
+                                "must be an integer >= 1")
 
     def check_type_role(self) -> None:
         """Reject combinations that cannot be executed (e.g. training the reward)."""
@@ -89,12 +137,6 @@ class Node:
             raise PipelineError(
                 f"node '{self.node_id}': node_type {self.node_type.name} cannot have role "
                 f"{self.node_role.name} (allowed: {names})"
-            )
-        if (self.node_type is NodeType.MODEL_TRAIN and self.node_role is NodeRole.REFERENCE
-                and not self.only_forward_compute):
-            raise PipelineError(
-                f"node '{self.node_id}': the reference model is never trained; use node_type "
-                "MODEL_INFERENCE (or MODEL_TRAIN with only_forward_compute: true)"
             )
 
     def describe(self) -> str:

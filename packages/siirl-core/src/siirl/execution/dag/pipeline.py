@@ -28,6 +28,10 @@ DEFAULT_FUNCS = {
 }
 
 
+_ROLLOUT = (NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, False)
+MULTI_AGENT_ROLLOUT = "siirl.execution.rollout_flow.multi_agent.rollout:multi_agent_rollout"
+
+
 def default_func_for(node: Node) -> Optional[str]:
     forward_only = node.only_forward_compute and node.node_type is NodeType.MODEL_TRAIN
     return DEFAULT_FUNCS.get((node.node_type, node.node_role, forward_only))
@@ -49,15 +53,20 @@ class Pipeline:
         node_type: Union[NodeType, str] = NodeType.COMPUTE,
         node_role: Union[NodeRole, str] = NodeRole.DEFAULT,
         only_forward_compute: bool = False,
+        agent_group: int = 0,
+        config: Optional[dict] = None,
+        agent_options: Optional[dict] = None,
     ) -> Pipeline:
         """Add a node; ``func`` is ``"module:function"``, ``"module:Class.method"`` or a
         callable. Without ``func`` the DAGWorker method for the node's type and role is used
-        (``DEFAULT_FUNCS``)."""
+        (``DEFAULT_FUNCS``). ``agent_group``/``config``/``agent_options``: multi-agent
+        workflows (see ``node.AGENT_OPTIONS``)."""
         if node_id in self._nodes:
             raise PipelineError(f"pipeline '{self.pipeline_id}': duplicate node id '{node_id}'")
         deps = [deps] if isinstance(deps, str) else list(deps or [])
         node = Node(node_id, node_type, node_role, deps,
-                    only_forward_compute=bool(only_forward_compute))
+                    only_forward_compute=bool(only_forward_compute), agent_group=agent_group,
+                    config=dict(config or {}), agent_options=dict(agent_options or {}))
         if func is None:
             func = default_func_for(node)
             if func is None:
@@ -77,7 +86,11 @@ class Pipeline:
     def build(self) -> TaskGraph:
         """Resolve every function reference, validate the DAG and return it."""
         graph = TaskGraph(self.pipeline_id, self.description)
+        multi_agent = len({node.agent_group for node in self._nodes.values()}) > 1
         for node in self._nodes.values():
+            if multi_agent and node.executable_ref == DEFAULT_FUNCS[_ROLLOUT]:
+                # agents' rollout nodes play their turns together, episode by episode
+                node.executable, node.executable_ref = None, MULTI_AGENT_ROLLOUT
             if node.executable is None:
                 node.executable = resolve_ref(node.executable_ref, f"node '{node.node_id}'").func
             graph.add_node(node)

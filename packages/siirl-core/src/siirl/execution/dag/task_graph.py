@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Dict, List, Optional
 
 from siirl.errors import PipelineError
@@ -121,9 +122,9 @@ class TaskGraph:
     def copy(self, graph_id: Optional[str] = None) -> TaskGraph:
         clone = TaskGraph(graph_id or self.graph_id, self.description)
         for node in self.nodes.values():
-            clone.add_node(Node(node.node_id, node.node_type, node.node_role,
-                                list(node.dependencies), node.executable,
-                                node.executable_ref, node.only_forward_compute))
+            clone.add_node(replace(node, dependencies=list(node.dependencies),
+                                    config=dict(node.config),
+                                    agent_options=dict(node.agent_options)))
         clone.build_adjacency_lists()
         return clone
 

@@ -20,12 +20,11 @@ Rule:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Dict, List, Optional
 
 from siirl.errors import ConfigError
-from siirl.execution.dag.node import Node
 from siirl.execution.dag.task_graph import TaskGraph
 
 
@@ -74,9 +73,9 @@ def subgraph(graph: TaskGraph, node_ids: List[str], graph_id: str) -> TaskGraph:
     sub = TaskGraph(graph_id, graph.description)
     for node in graph.nodes.values():
         if node.node_id in wanted:
-            sub.add_node(Node(node.node_id, node.node_type, node.node_role,
-                              list(node.dependencies), node.executable,
-                              node.executable_ref, node.only_forward_compute))
+            sub.add_node(replace(node, dependencies=list(node.dependencies),
+                                    config=dict(node.config),
+                                    agent_options=dict(node.agent_options)))
     sub.validate_graph()
     return sub
 

@@ -1,0 +1,108 @@
+"""An agent's hooks, loaded from the files its rollout node names (siiRL's conventions).
+
+``agent_options.process_path`` is a Python file with
+
+* ``pre_process(tokenizer, prompt_id, obs, **pre_process_kwargs) -> list[int]``: the token
+  ids the agent's model reads, from the episode's text so far (``prompt_id``) and, with
+  ``obs_with_env``, the environment's latest observation for this agent (None before the
+  first step);
+* ``post_process(tokenizer, prompt_id, response_id, **post_process_kwargs) -> list[int]``:
+  the episode's text after the agent's reply, which the next agent reads.
+
+Without a process file the agent reads the episode's text as it is and appends its reply.
+``agent_options.env_path`` is ``["file.py:ClassName"]``: a class built once per episode
+(``Class()``, then ``reset()`` if it has one) whose ``step(actions, ground_truth)`` (plain or
+``async``) gets the text each agent produced this turn, in acting order, and returns
+``(next_obs, score, done)``: one observation per agent (the last one continues the episode),
+the episode's score so far, and whether it ended.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from siirl.errors import PipelineError
+
+_LOADED: dict = {}
+
+
+def _module(path: str, where: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise PipelineError(f"{where}: file '{path}' does not exist")
+    key = str(file.resolve())
+    if key not in _LOADED:
+        spec = importlib.util.spec_from_file_location(f"siirl_agent_{len(_LOADED)}", key)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise PipelineError(f"{where}: importing '{path}' raised {type(exc).__name__}: "
+                                f"{exc}") from exc
+        _LOADED[key] = module
+    return _LOADED[key]
+
+
+def load_attr(ref: str, where: str, default_name: Optional[str] = None) -> Any:
+    """``"file.py:Name"`` (or ``"file.py"`` with ``default_name``) -> the object."""
+    path, _, name = str(ref).rpartition(":") if ":" in str(ref) else (str(ref), "", "")
+    name = name or default_name
+    if not name:
+        raise PipelineError(f"{where}: '{ref}' must be 'file.py:Name'")
+    module = _module(path, where)
+    if not hasattr(module, name):
+        raise PipelineError(f"{where}: '{path}' defines no '{name}'")
+    return getattr(module, name)
+
+
+class AgentProcess:
+    """One agent's prompt shaping, hand-over and (optional) environment class."""
+
+    def __init__(self, node: Any):
+        options = node.agent_options or {}
+        where = f"node '{node.node_id}' agent_options"
+        self.node_id = node.node_id
+        self.group = node.agent_group
+        self.obs_with_env = bool(options.get("obs_with_env", False))
+        self.pre_kwargs = dict(options.get("pre_process_kwargs") or {})
+        self.post_kwargs = dict(options.get("post_process_kwargs") or {})
+        self._pre: Optional[Callable] = None
+        self._post: Optional[Callable] = None
+        if options.get("process_path"):
+            path = options["process_path"]
+            self._pre = load_attr(f"{path}:pre_process", f"{where}.process_path")
+            self._post = load_attr(f"{path}:post_process", f"{where}.process_path")
+        envs = options.get("env_path") or []
+        envs = [envs] if isinstance(envs, str) else list(envs)
+        if len(envs) > 1:
+            raise PipelineError(f"{where}.env_path: one environment per agent is supported, "
+                                f"got {len(envs)}")
+        self.env_class = load_attr(envs[0], f"{where}.env_path") if envs else None
+
+    def pre(self, tokenizer: Any, prompt_ids: List[int], obs: Any) -> List[int]:
+        if self._pre is None:
+            return list(prompt_ids)
+        return list(self._pre(tokenizer, list(prompt_ids), obs if self.obs_with_env else None,
+                              **self.pre_kwargs))
+
+    def post(self, tokenizer: Any, prompt_ids: List[int], response_ids: List[int]) -> List[int]:
+        if self._post is None:
+            return list(prompt_ids) + list(response_ids)
+        return list(self._post(tokenizer, list(prompt_ids), list(response_ids),
+                               **self.post_kwargs))
+
+    def new_env(self) -> Any:
+        env = self.env_class()
+        if hasattr(env, "reset"):
+            env.reset()
+        return env
+
+
+async def step_env(env: Any, actions: List[str], ground_truth: Any) -> tuple:
+    result = env.step(actions=actions, ground_truth=ground_truth)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
