@@ -47,7 +47,8 @@ def test_marft_math_trains_each_agent_and_resumes(tmp_path):
     run = tmp_path / "run"
     records = _run(run, MARFT / "workflow_marft.yaml", "trainer.total_training_steps=2",
                    "trainer.save_freq=2", "trainer.test_freq=-1",
-                   "trainer.val_before_train=true", f"data.val_files={_val_file(tmp_path)}")
+                   "trainer.val_before_train=true", f"data.val_files={_val_file(tmp_path)}",
+                   f"trainer.rollout_data_dir={tmp_path}/rollouts")
     val, train = records[0], records[1:]
     assert "val/score/mean" in val and "val/success_rate" in val
     assert [r["step"] for r in train] == [1, 2]
@@ -61,6 +62,10 @@ def test_marft_math_trains_each_agent_and_resumes(tmp_path):
         # train_cycle 15: agent group 0's actor trains in steps 1-15, group 1's waits
         assert "agent_group_0/actor/pg_loss" in record
         assert record["agent_group_1/actor_2_train/train_cycle_skipped"] == 1.0
+    # each agent's turn as text, each worker its share of the trained rows
+    lines = [json.loads(line) for rank in range(4) for line in
+             (tmp_path / f"rollouts/1.rank{rank}.jsonl").read_text().splitlines()]
+    assert sorted(line["agent_group"] for line in lines) == [0] * 8 + [1] * 8
     folder = run / "global_step_2"
     assert {"actor", "agent_group_1_actor", "critic"} <= {p.name for p in folder.iterdir()}
     resumed = _run(run, MARFT / "workflow_marft.yaml", "trainer.total_training_steps=3",

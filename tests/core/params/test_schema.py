@@ -20,6 +20,8 @@ ROOT_GROUPS = [
     "dag",
     "custom_envs",
     "env_manager",
+    "train_env_manager",
+    "val_env_manager",
 ]
 
 # Override paths commonly used in verl example scripts.

@@ -123,6 +123,13 @@ class DAGWorker:
             self.train_loader, self.val_loader = build_dataloaders(
                 self.config, self.tokenizer, data.dp_rank(me), data.dp_size)
 
+    def holds_rows_of(self, node_id: str) -> bool:
+        """Whether this worker's output of ``node_id`` is its own share of the rows (not a
+        tensor-parallel peer's copy), e.g. for writing them out once."""
+        layout = self._layouts.get(node_id)
+        me = self.comm.rank if self.process_groups is not None else self.rank
+        return layout is None or layout.is_source(me)
+
     def process_group(self, role: str) -> Any:
         """The torch.distributed group an engine of ``role`` shards and reduces over
         (None: the default group, or no distributed run at all)."""

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
-from siirl.dag_worker import startup
+from siirl.dag_worker import generations, startup
 from siirl.dag_worker.checkpoint_manager import (
     STATEFUL_ROLES,
     CheckpointManager,
@@ -137,6 +137,17 @@ class Trainer:
                 continue
             yield from loader  # a restored loader continues mid-epoch, then the next epochs
 
+    def _dump_generations(self, step: int, outputs: Dict[str, Any]) -> None:
+        """``trainer.rollout_data_dir``: this step's rows as text (``generations``)."""
+        folder = select(self.config, "trainer.rollout_data_dir")
+        if not folder or not outputs:
+            return
+        node_id, output = next(iter(outputs.items()))
+        holds = getattr(self.worker, "holds_rows_of", lambda _: True)(node_id)
+        comm = self.worker.comm
+        generations.dump(generations.lines(output.batch, self.worker.tokenizer) if holds
+                         else [], folder, step, comm.rank, comm.world_size)
+
     def _validate(self) -> Dict[str, float]:
         if self.worker.val_loader is None or not self.worker.can_validate():
             return {}
@@ -210,6 +221,7 @@ class Trainer:
                     metrics.update(startup_metrics)
                     startup_metrics = {}
                 metrics = comm.reduce_metrics(metrics)
+                self._dump_generations(step, result.outputs)
                 health.count_skipped(step, metrics)
                 last = step == steps
                 val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),

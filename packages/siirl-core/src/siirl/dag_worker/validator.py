@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict
 
+from siirl.dag_worker import generations
 from siirl.data_coordinator.fields import (
     COMPLETE,
     DATA_SOURCE,
@@ -12,6 +13,7 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
 )
 from siirl.data_coordinator.protocol import get_non_tensor
+from siirl.execution.config_select import select
 
 
 def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
@@ -48,14 +50,28 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
                 scored_rollout(batches[0][:1])
             else:
                 rollout.generate(batches[0][:1], validate=True)
+    texts = []  # the generations, when validation_data_dir / log_val_generations want them
+    config = getattr(worker, "config", None)
+    folder = select(config, "trainer.validation_data_dir")
+    shown = int(select(config, "trainer.log_val_generations", 0) or 0)
     for batch in batches:
         scored = generate_and_score(batch)
+        if folder or shown:
+            texts += generations.lines(scored, getattr(worker, "tokenizer", None))
         scores = scored[TOKEN_LEVEL_SCORES].sum(dim=-1).tolist()
         lengths = scored[RESPONSE_MASK].sum(dim=-1).tolist()
         success = scored[COMPLETE].tolist() if COMPLETE in scored.keys() else \
             [None] * len(scores)
         rows.extend(zip(get_non_tensor(scored, DATA_SOURCE), scores, lengths, success,
                         strict=True))
+    step = int(getattr(worker, "global_step", 0) or 0)
+    rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    if folder and getattr(worker, "is_data_source", True):
+        generations.dump(texts, folder, step, rank, world)
+    if shown and rank == 0:
+        for line in texts[:shown]:
+            print(f"step {step}: val sample (score {line['score']}): {line['input']!r} -> "
+                  f"{line['output']!r}", flush=True)
     if comm is not None:
         # tensor-parallel peers validated copies of the same rows: count them once
         rows = rows if getattr(worker, "is_data_source", True) else []

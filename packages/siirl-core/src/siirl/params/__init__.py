@@ -8,12 +8,17 @@ group. The schema holds no behaviour: parsing, merging and validation live elsew
 from dataclasses import dataclass, field
 from typing import Any
 
-from siirl.params.agentic_args import EnvManagerArguments, RewardNormalizationArguments
+from siirl.params.agentic_args import (
+    EnvManagerArguments,
+    RewardNormalizationArguments,
+    RolloutSchedulerArguments,
+)
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import CustomClsArguments, DataArguments, SamplerArguments
 from siirl.params.model_args import (
     ActorArguments,
     ActorRolloutRefArguments,
+    AgentRolloutArguments,
     CheckpointArguments,
     CriticArguments,
     CriticModelArguments,
@@ -21,7 +26,6 @@ from siirl.params.model_args import (
     FSDPArguments,
     MegatronArguments,
     ModelArguments,
-    AgentRolloutArguments,
     MultiTurnArguments,
     OptimArguments,
     OverlongBufferArguments,
@@ -60,6 +64,11 @@ class SiiRLArguments:
     # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
     custom_envs: dict[str, Any] = field(default_factory=dict)
     env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
+    # ROLL's rollout schedulers of training and validation episodes
+    train_env_manager: RolloutSchedulerArguments = field(
+        default_factory=RolloutSchedulerArguments)
+    val_env_manager: RolloutSchedulerArguments = field(
+        default_factory=RolloutSchedulerArguments)
 
 
 __all__ = [
@@ -82,6 +91,7 @@ __all__ = [
     "ModelArguments",
     "AgentRolloutArguments",
     "MultiTurnArguments",
+    "RolloutSchedulerArguments",
     "OptimArguments",
     "OverlongBufferArguments",
     "PFPPOArguments",

@@ -51,3 +51,22 @@ class EnvManagerArguments:
     error_penalty: float = field(
         default=-1.0, metadata={"help": "Reward added when the environment fails; the "
                                         "episode ends."})
+
+
+@dataclass
+class RolloutSchedulerArguments:
+    """ROLL's ``train_env_manager`` / ``val_env_manager``: which environments the episodes
+    of training (validation) play, and how many a worker keeps in flight."""
+
+    max_env_num_per_worker: int = field(
+        default=0, metadata={"help": "Environments a worker keeps in flight at once (a new "
+                                     "episode starts when one ends); 0: all of its episodes."})
+    group_size: int | None = field(
+        default=None, metadata={"help": "Episodes from one seed: must equal "
+                                        "actor_rollout_ref.rollout.n for training; for "
+                                        "validation it replaces val_kwargs.n (null: those)."})
+    tags: list[str] | None = field(
+        default=None, metadata={"help": "custom_envs tags played (null: env_manager.tags)."})
+    num_groups_partition: list[int] | None = field(
+        default=None, metadata={"help": "Share of the prompt rows (seed groups) per tag, in "
+                                        "the order of tags (null: the tags in turn)."})

@@ -337,9 +337,6 @@ RULES: Tuple[Rule, ...] = (
     _na("trainer.balance_batch", "no effect: rows are not reordered by length",
         "rows are not reordered by length across workers: each worker trains on its slice "
         "of the batch (the DataBuffer balances tokens when it moves rows between layouts)."),
-    _na(("trainer.log_val_generations", "trainer.rollout_data_dir",
-         "trainer.validation_data_dir"), "no effect: generations are not dumped",
-        "sample generations are neither logged nor dumped; metrics.jsonl holds the scores."),
     _refused("trainer.default_hdfs_dir", "HDFS upload is not supported",
              "checkpoints are not copied to HDFS; put trainer.default_local_dir on a "
              "filesystem every node shares."),

@@ -100,9 +100,14 @@ class TrainerArguments:
         default_factory=lambda: ["console"],
         metadata={"help": "Metric loggers, e.g. [console,wandb,tensorboard]."},
     )
-    log_val_generations: int = 0
-    rollout_data_dir: str | None = None
-    validation_data_dir: str | None = None
+    log_val_generations: int = field(
+        default=0, metadata={"help": "Validation samples printed at each validation."})
+    rollout_data_dir: str | None = field(
+        default=None, metadata={"help": "Folder for each step's generations (<step>.jsonl: "
+                                        "input, output, score)."})
+    validation_data_dir: str | None = field(
+        default=None, metadata={"help": "Folder for each validation's generations "
+                                        "(<step>.jsonl)."})
     nnodes: int = field(default=1, metadata={"help": "Number of nodes."})
     n_gpus_per_node: int = field(
         default=1, metadata={"help": "Workers (GPUs) per node; siiRL default is one worker."}

@@ -16,7 +16,8 @@ same seeds at every evaluation.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Dict, List, Sequence
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -66,17 +67,40 @@ def _pool(settings: Any) -> Any:
     return _POOLS[key]
 
 
-def _tags(config: Any) -> List[str]:
+# ROLL's scheduler settings when a configuration has none (a hand-built one)
+_NO_SCHEDULER = SimpleNamespace(tags=None, group_size=None, num_groups_partition=None,
+                                max_env_num_per_worker=0)
+
+
+def _tags(config: Any, validate: bool = False) -> List[str]:
     custom = dict(select(config, "custom_envs", {}) or {})
     if not custom:
         raise ConfigError("algorithm.workflow_type=AGENTIC needs custom_envs: e.g. "
                           "custom_envs.SimpleSokoban.env_type=sokoban")
-    tags = list(select(config, "env_manager.tags") or custom)
+    scheduler = select(config, "val_env_manager" if validate else "train_env_manager") or \
+        _NO_SCHEDULER
+    own = list(scheduler.tags or [])
+    tags = own or list(select(config, "env_manager.tags") or custom)
     unknown = [tag for tag in tags if tag not in custom]
     if unknown:
-        raise ConfigError(f"env_manager.tags names {unknown}, which custom_envs lacks "
+        where = ("val_env_manager" if validate else "train_env_manager") + ".tags" if own \
+            else "env_manager.tags"
+        raise ConfigError(f"{where} names {unknown}, which custom_envs lacks "
                           f"(it has {sorted(custom)})")
     return tags
+
+
+def tag_of(sample_id: int, tags: Sequence[str], partition: Optional[Sequence[int]]) -> str:
+    """The tag a prompt row plays: the tags in turn, or by ``num_groups_partition`` shares
+    (consecutive sample ids fill each tag's share), so every worker agrees."""
+    if not partition:
+        return tags[int(sample_id) % len(tags)]
+    position = int(sample_id) % sum(int(v) for v in partition)
+    for tag, share in zip(tags, partition, strict=True):
+        if position < int(share):
+            return tag
+        position -= int(share)
+    return tags[-1]
 
 
 def _left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
@@ -91,16 +115,18 @@ def _left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.T
 
 
 class EnginePolicy:
-    """One reply per prompt from the worker's rollout engine (HF, vLLM, ...)."""
+    """One reply per prompt from the worker's rollout engine (HF, vLLM, ...), each seeded
+    by its episode's key."""
+
+    keyed = True
 
     def __init__(self, rollout: Any, pad_id: int, reply_tokens: int, validate: bool):
         self.rollout, self.pad_id = rollout, pad_id
         self.reply_tokens, self.validate = reply_tokens, validate
-        self.episode_ids: List[int] = []  # noise key per active prompt, set per call
 
-    def __call__(self, prompts: List[List[int]]) -> List[List[int]]:
+    def __call__(self, prompts: List[List[int]], keys: List[int]) -> List[List[int]]:
         fields = _left_padded(prompts, self.pad_id)
-        fields[SAMPLE_ID] = torch.tensor(self.episode_ids, dtype=torch.long)
+        fields[SAMPLE_ID] = torch.tensor(keys, dtype=torch.long)
         batch = protocol.make_batch(fields)
         with self.rollout.overridden(n=1, response_length=self.reply_tokens):
             out = self.rollout.generate(batch, validate=self.validate).batch
@@ -132,6 +158,8 @@ def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
         TOKEN_LEVEL_SCORES: scores, TOKEN_LEVEL_REWARDS: scores.clone(),
     })
     batch.set(COMPLETE, torch.tensor([float(e.success) for e in episodes]))
+    if any(e.final_render is not None for e in episodes):
+        protocol.set_non_tensor(batch, "render", [e.final_render or "" for e in episodes])
     protocol.set_non_tensor(batch, UID, [e.group for e in episodes])
     protocol.set_non_tensor(batch, DATA_SOURCE, [e.tag for e in episodes])
     return batch
@@ -222,9 +250,13 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
     custom = dict(select(config, "custom_envs", {}) or {})
-    tags = _tags(config)
+    tags = _tags(config, validate)
+    scheduler = select(config, "val_env_manager" if validate else "train_env_manager") or \
+        _NO_SCHEDULER
     n_key = "val_kwargs.n" if validate else "n"
     n = int(select(config, f"actor_rollout_ref.rollout.{n_key}", 1) or 1)
+    if validate and scheduler.group_size:  # training's must equal rollout.n (checked)
+        n = int(scheduler.group_size)
     run_seed = int(select(config, "trainer.seed", 0) or 0)
     # validation replays the same episodes at every evaluation; training gets fresh ones
     step = -1 if validate else int(getattr(worker, "global_step", 0) or 0)
@@ -235,13 +267,11 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                                    settings.max_episode_tokens, settings.format_penalty,
                                    settings.error_penalty)
     pool = _pool(settings)
-    episodes: List[Episode] = []
-    keys: List[int] = []
-    for sample_id in batch[SAMPLE_ID].tolist():
-        tag = tags[int(sample_id) % len(tags)]
-        entry = custom[tag]
-        seed = episode_seed(run_seed, int(sample_id), step)
-        for k in range(n):
+    partition = scheduler.num_groups_partition
+
+    def starter(tag: str, seed: int, group: str, key: int):
+        def start():
+            entry = custom[tag]
             instruction = entry.get("env_instruction")  # ROLL's key: the agent's rules
             if pool is not None:
                 env = pool.create(entry["env_type"], entry.get("env_config"), instruction)
@@ -250,18 +280,26 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                                f"custom_envs.{tag}.env_type")
                 if instruction is not None:
                     env.instructions = str(instruction)
-            episodes.append(manager.start(env, seed, group=str(sample_id), tag=tag))
-            keys.append(int(sample_id) * n + k)
-    policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)
-    try:
-        def play(prompts: List[List[int]]) -> List[List[int]]:
-            policy.episode_ids = [keys[i] for i, e in enumerate(episodes) if not e.done]
-            return policy(prompts)
+            return manager.start(env, seed, group=group, tag=tag, key=key)
+        return start
 
-        manager.run(episodes, play)
-    finally:
-        for episode in episodes:
-            episode.env.close()
+    starts = []
+    for sample_id in batch[SAMPLE_ID].tolist():
+        tag = tag_of(int(sample_id), tags, partition)
+        seed = episode_seed(run_seed, int(sample_id), step)
+        starts += [starter(tag, seed, str(sample_id), int(sample_id) * n + k) for k in range(n)]
+    policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)
+    in_flight = int(scheduler.max_env_num_per_worker or 0)
+
+    def finished(episode: Episode) -> None:
+        if validate:  # ROLL's render output: the final state, in the validation dumps
+            try:
+                episode.final_render = str(episode.env.render())
+            except Exception:  # a render is optional; an environment may not have one
+                episode.final_render = None
+        episode.env.close()
+
+    episodes = manager.run_scheduled(starts, policy, in_flight, finished)
     mode = str(settings.mode or "trajectory").lower()
     if mode not in ("trajectory", "step"):
         raise ConfigError(f"env_manager.mode={settings.mode!r}: use trajectory (an episode "

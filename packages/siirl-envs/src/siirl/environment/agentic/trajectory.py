@@ -37,6 +37,7 @@ class Episode:
     seed: int
     group: str  # episodes of one group start from the same seed (GRPO's uid)
     tag: str = ""
+    key: int = 0  # the noise key of its replies (a rerun replays the episode)
     ids: List[int] = field(default_factory=list)
     mask: List[int] = field(default_factory=list)  # per token after the prompt
     prompt_length: int = 0
@@ -46,6 +47,7 @@ class Episode:
     success: bool = False
     done: bool = False
     error: Optional[str] = None  # the kind of environment failure that ended it
+    final_render: Optional[str] = None  # the environment's render() at the end (validation)
     # per turn: where the reply sits in ``ids`` and the reward that followed it
     turn_spans: List[tuple] = field(default_factory=list)
     turn_rewards: List[float] = field(default_factory=list)
@@ -108,8 +110,9 @@ class TrajectoryEnvManager:
         self._warned: set = set()
 
     # -- episodes -------------------------------------------------------------------------
-    def start(self, env: TextEnv, seed: int, group: str, tag: str = "") -> Episode:
-        episode = Episode(env=env, seed=int(seed), group=str(group), tag=tag)
+    def start(self, env: TextEnv, seed: int, group: str, tag: str = "", key: int = 0
+              ) -> Episode:
+        episode = Episode(env=env, seed=int(seed), group=str(group), tag=tag, key=int(key))
         try:
             observation = env.reset(seed=int(seed))
         except Exception as exc:
@@ -122,21 +125,56 @@ class TrajectoryEnvManager:
     def run(self, episodes: Sequence[Episode], policy: Policy) -> None:
         """Play every episode to its end: one policy call per turn for all active ones,
         then all their environments step together (remote ones in parallel)."""
-        from siirl.environment.agentic.env_workers import step_many
-
         while True:
             active = [e for e in episodes if not e.done]
             if not active:
                 return
-            replies = policy([list(e.ids) for e in active])
-            acting = []  # (episode, action) of the replies with a parsable action
-            for episode, reply in zip(active, replies, strict=True):
-                action = self._reply(episode, list(reply))
-                if action is not None:
-                    acting.append((episode, action))
-            results = step_many([e.env for e, _ in acting], [a for _, a in acting])
-            for (episode, _), result in zip(acting, results, strict=True):
-                self._stepped(episode, result)
+            self._turn(active, policy)
+
+    def run_scheduled(self, starts: Sequence[Callable[[], Episode]], policy: Policy,
+                      max_in_flight: int = 0,
+                      finished: Optional[Callable[[Episode], None]] = None) -> List[Episode]:
+        """ROLL's rollout scheduler: start the episodes (``starts[i]()`` makes and resets
+        the environment) as room frees up, at most ``max_in_flight`` at once (0: all), so at
+        most that many environments exist; ``finished(episode)`` is called as each ends.
+        Returns the episodes in the order of ``starts``."""
+        pending = list(enumerate(starts))
+        slots: Dict[int, Episode] = {}
+        active: List[tuple] = []
+        try:
+            while pending or active:
+                while pending and (max_in_flight <= 0 or len(active) < max_in_flight):
+                    index, start = pending.pop(0)
+                    active.append((index, start()))
+                live = [e for _, e in active if not e.done]
+                if live:
+                    self._turn(live, policy)
+                for index, episode in [item for item in active if item[1].done]:
+                    slots[index] = episode
+                    active.remove((index, episode))
+                    if finished is not None:
+                        finished(episode)
+        finally:  # a failure mid-way still lets the caller release what is in flight
+            for _, episode in active:
+                if finished is not None:
+                    finished(episode)
+        return [slots[i] for i in range(len(starts))]
+
+    def _turn(self, active: List[Episode], policy: Policy) -> None:
+        from siirl.environment.agentic.env_workers import step_many
+
+        prompts = [list(e.ids) for e in active]
+        # a keyed policy (the rollout engine's) seeds each reply by its episode
+        replies = policy(prompts, [e.key for e in active]) if getattr(policy, "keyed", False) \
+            else policy(prompts)
+        acting = []  # (episode, action) of the replies with a parsable action
+        for episode, reply in zip(active, replies, strict=True):
+            action = self._reply(episode, list(reply))
+            if action is not None:
+                acting.append((episode, action))
+        results = step_many([e.env for e, _ in acting], [a for _, a in acting])
+        for (episode, _), result in zip(acting, results, strict=True):
+            self._stepped(episode, result)
 
     def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
         """Record the agent's reply; its action, or None after a format error (answered

@@ -147,9 +147,8 @@ class MultiTurnRollout:
         policy = EnginePolicy(self.inner, pad_id, budget, validate)
 
         def play(prompts: List[List[int]], max_tokens: int) -> List[List[int]]:
-            policy.episode_ids = [noise[i] for i, c in enumerate(conversations) if not c.done]
             policy.reply_tokens = max_tokens
-            return policy(prompts)
+            return policy(prompts, [noise[i] for i, c in enumerate(conversations) if not c.done])
 
         try:
             loop.run(conversations, play)
