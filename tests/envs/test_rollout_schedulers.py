@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from test_trajectory_manager import char_tokenizer, scripted
 
@@ -92,3 +93,27 @@ def test_a_training_group_size_other_than_rollout_n_is_refused(tmp_path):
                           env=dict(os.environ, RAY_AUTH_MODE="disabled"))
     assert proc.returncode == 2
     assert "train_env_manager.group_size=4 differs from" in proc.stderr
+
+
+def test_step_mode_runs_on_two_workers(tmp_path):
+    """Each worker's turns give it a different number of rows: they are padded to the
+    largest count with rows that train nothing, so the workers' updates pair up."""
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    cmd = [sys.executable, "-m", "siirl.main_dag", "algorithm.workflow_type=AGENTIC",
+           "+custom_envs.FrozenLake.env_type=frozen_lake",
+           "+custom_envs.FrozenLake.env_instruction=frozenlake",
+           "actor_rollout_ref.model.path=builtin:tiny-agent", "env_manager.mode=step",
+           "env_manager.max_actions_per_traj=4", "env_manager.max_tokens_per_step=8",
+           "data.max_response_length=8", "data.train_batch_size=8",
+           "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+           "trainer.total_training_steps=2", "trainer.val_before_train=false",
+           "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[]",
+           "trainer.device=cpu", "trainer.n_gpus_per_node=2", "trainer.ray_address=local",
+           f"trainer.ray_temp_dir={ray_dir}", f"trainer.default_local_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("actor/pg_loss" in r and r["env/turns/mean"] >= 1 for r in records)

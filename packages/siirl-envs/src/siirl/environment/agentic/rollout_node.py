@@ -211,6 +211,25 @@ def _step_rows(episodes: Sequence[Episode], pad_id: int, gamma: float) -> Any:
     return batch
 
 
+def _as_many_rows_as_peers(rows: Any, worker: Any) -> Any:
+    """Step rows follow each worker's episodes' turns, but the workers' updates must take
+    the same number of optimizer steps (collectives pair up): pad every worker to the
+    largest row count with copies of its first row that train nothing (mask 0, score 0,
+    a group of their own)."""
+    comm = getattr(worker, "comm", None)
+    if comm is None or not comm.active:
+        return rows
+    count = rows.batch_size[0]
+    missing = max(comm.all_gather(count)) - count
+    if missing <= 0:
+        return rows
+    pads = protocol.select_rows(rows, [0] * missing).clone()
+    for key in (RESPONSE_MASK, TOKEN_LEVEL_SCORES, TOKEN_LEVEL_REWARDS, COMPLETE):
+        pads.set(key, torch.zeros_like(pads[key]))
+    protocol.set_non_tensor(pads, UID, [f"pad:{i}" for i in range(missing)])
+    return protocol.concat([rows, pads])
+
+
 NORMALIZATIONS = ("identity", "mean", "mean_std")
 GROUPINGS = ("state", "batch")
 
@@ -304,12 +323,6 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     if mode not in ("trajectory", "step"):
         raise ConfigError(f"env_manager.mode={settings.mode!r}: use trajectory (an episode "
                           "is one sample) or step (each turn is one)")
-    if mode == "step" and int(getattr(worker, "world_size", 1) or 1) > 1:
-        # each worker's row count would follow its own episodes' turns, and the workers'
-        # optimizer steps (collectives) would no longer pair up
-        raise ConfigError("env_manager.mode=step runs on one worker for now (rows per "
-                          "worker vary with the episodes' turns); use mode=trajectory with "
-                          "several workers")
     # validation scores whole episodes whatever the training mode
     out = _step_rows(episodes, pad_id, float(settings.gamma)) \
         if mode == "step" and not validate else _rows(episodes, pad_id)
@@ -320,5 +333,7 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                           f"{GROUPINGS})")
     if not validate:  # validation reports the environments' own scores
         normalize_scores(out, str(norm.grouping), str(norm.method))
+    if mode == "step" and not validate:
+        out = _as_many_rows_as_peers(out, worker)
     prefix = "val-env" if validate else "env"
     return NodeOutput(batch=out, metrics=manager.metrics(episodes, prefix))

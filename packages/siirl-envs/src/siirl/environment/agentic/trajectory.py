@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from siirl.data_coordinator.dataloader.partitioned_dataset import encode_text, render_prompt
 from siirl.environment.base import TextEnv
+from siirl.errors import PluginNotFoundError
 
 FORMAT_HINT = "Invalid format: {instructions}"
 
@@ -115,6 +116,8 @@ class TrajectoryEnvManager:
         episode = Episode(env=env, seed=int(seed), group=str(group), tag=tag, key=int(key))
         try:
             observation = env.reset(seed=int(seed))
+        except PluginNotFoundError:
+            raise  # a missing extra fails every episode: stop with its install hint
         except Exception as exc:
             self._fail(episode, getattr(exc, "kind", "reset"), exc)
             observation = ""
