@@ -117,3 +117,22 @@ def test_step_mode_runs_on_two_workers(tmp_path):
                .splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all("actor/pg_loss" in r and r["env/turns/mean"] >= 1 for r in records)
+
+
+def test_a_missing_environment_extra_stops_instead_of_failing_every_episode():
+    import pytest
+
+    from siirl.environment.base import TextEnv
+    from siirl.errors import PluginNotFoundError
+
+    class NeedsExtra(TextEnv):
+        def reset(self, seed=None):
+            raise PluginNotFoundError('environment x needs gymnasium: '
+                                      'pip install "siirl-envs[gym]"')
+
+        def step(self, action):
+            raise AssertionError("never reached")
+
+    manager = TrajectoryEnvManager(char_tokenizer(False))
+    with pytest.raises(PluginNotFoundError, match="siirl-envs\\[gym\\]"):
+        manager.start(NeedsExtra(), seed=1, group="1")
