@@ -22,20 +22,22 @@ from siirl.params.model_args import (
     CheckpointArguments,
     CriticArguments,
     CriticModelArguments,
-    CustomRewardFunctionArguments,
     FSDPArguments,
     MegatronArguments,
     ModelArguments,
     MultiTurnArguments,
     OptimArguments,
-    OverlongBufferArguments,
     PolicyLossArguments,
     RefArguments,
+    RolloutArguments,
+    ValKwargsArguments,
+)
+from siirl.params.reward_args import (
+    CustomRewardFunctionArguments,
+    OverlongBufferArguments,
     RewardModelArguments,
     RewardModelModelArguments,
-    RolloutArguments,
     SandboxFusionArguments,
-    ValKwargsArguments,
 )
 from siirl.params.training_args import (
     AlgorithmArguments,

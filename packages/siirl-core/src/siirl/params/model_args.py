@@ -1,5 +1,5 @@
-"""Schema of the model-side groups: ``actor_rollout_ref``, ``critic``, ``reward_model``
-and ``custom_reward_function``.
+"""Schema of the model-side groups: ``actor_rollout_ref`` and ``critic`` (the reward
+groups are in ``reward_args``).
 
 Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus the megatron and DAPO
 keys). String defaults of the form ``${...}`` are OmegaConf interpolations, resolved
@@ -342,81 +342,3 @@ class CriticArguments:
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
     megatron: MegatronArguments = field(default_factory=MegatronArguments)
 
-
-# --- reward_model / custom_reward_function ---
-
-
-@dataclass
-class RewardModelModelArguments:
-    """Model-based reward: RM path, input tokenizer and sharding."""
-
-    input_tokenizer: str | None = "${actor_rollout_ref.model.path}"
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
-    external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
-    use_remove_padding: bool = False
-    use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"
-    trust_remote_code: bool = False
-    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
-
-
-@dataclass
-class SandboxFusionArguments:
-    """Remote code-execution sandbox used by code reward functions."""
-
-    url: str | None = None
-    max_concurrent: int = 64
-    memory_limit_mb: int = 1024
-
-
-@dataclass
-class OverlongBufferArguments:
-    """DAPO soft overlong punishment for responses near the length limit."""
-
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 0.0
-    log: bool = False
-
-
-@dataclass
-class RewardModelArguments:
-    """Reward computation: reward manager, optional reward model, DAPO overlong buffer."""
-
-    enable: bool = False
-    strategy: str = "fsdp"
-    model: RewardModelModelArguments = field(default_factory=RewardModelModelArguments)
-    micro_batch_size: int | None = None  # deprecated
-    micro_batch_size_per_gpu: int | None = None
-    max_length: int | None = None
-    ulysses_sequence_parallel_size: int = 1
-    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
-    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
-    reward_manager: str = field(
-        default="naive", metadata={"help": "Reward manager: naive, batch, prime, dapo."}
-    )
-    launch_reward_fn_async: bool = False
-    # A user reward function runs in worker processes; a failing sample scores 0.0. These
-    # bound a step's reward time and how long a run goes on with no scored sample.
-    max_failed_steps: int = field(
-        default=3, metadata={"help": "Stop the run after this many consecutive steps in "
-                                     "which every reward failed (0: never stop)."}
-    )
-    step_timeout_s: float = field(
-        default=600.0, metadata={"help": "Seconds a step's rewards may take in all; samples "
-                                         "not scored by then score 0.0 (per call: "
-                                         "custom_reward_function.reward_kwargs.timeout_s)."}
-    )
-    sandbox_fusion: SandboxFusionArguments = field(default_factory=SandboxFusionArguments)
-    overlong_buffer: OverlongBufferArguments = field(default_factory=OverlongBufferArguments)
-    megatron: MegatronArguments = field(default_factory=MegatronArguments)
-
-
-@dataclass
-class CustomRewardFunctionArguments:
-    """User reward function: Python file path, function name and extra kwargs."""
-
-    path: str | None = field(
-        default=None, metadata={"help": "Python file defining the reward function."}
-    )
-    name: str = "compute_score"
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
