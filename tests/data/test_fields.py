@@ -38,6 +38,8 @@ OTHER_FIELDS = {
     fields.OVERLONG_REWARD: "reward with reward_model.overlong_buffer (DAPO)",
     fields.COMPLETE: "embodied rollout",
     fields.ENV_SCORES: "multi-agent rollout",
+    fields.TRAJECTORY_EMBEDDING: "SRPO progress reward",
+    fields.TASK_ID: "embodied rollout",
     fields.ROLLOUT_LOG_PROBS: "the vllm rollout",
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
 }

@@ -34,7 +34,7 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.rollouts": {"hf": "siirl-engine", "vllm": "siirl-engine[vllm]",
                        "sglang": "siirl-engine[sglang]", "multi_turn": "siirl-envs"},
     "siirl.reward_managers": {name: "siirl-engine" for name in
-                              ("naive", "batch", "parallel", "dapo")},
+                              ("naive", "batch", "parallel", "dapo", "embodied")},
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
                            "frozen_lake": "siirl-envs[gym]", "gem": "siirl-envs[gem]",
                            "textarena": "siirl-envs[textarena]"},

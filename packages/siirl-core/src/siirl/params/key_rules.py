@@ -325,6 +325,10 @@ RULES: Tuple[Rule, ...] = (
         "it only acts with reward_model.sandbox_fusion.url, for the multi-turn python tool.",
         lambda config, key: not _get(config, "reward_model.sandbox_fusion.url") or
         not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
+    _na("reward_model.reward_kwargs", "read by the embodied reward manager only",
+        "reward_model.reward_kwargs are the embodied manager's keywords (reward_coef); the "
+        "other managers take custom_reward_function.reward_kwargs.",
+        lambda config, key: _get(config, "reward_model.reward_manager") != "embodied"),
     _na("reward_model.launch_reward_fn_async", "no effect: rewards are scored in the step",
         "rewards are scored inside the step; reward_model.reward_manager=parallel scores in "
         "a process pool."),

@@ -55,8 +55,12 @@ class RewardModelArguments:
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
     reward_manager: str = field(
-        default="naive", metadata={"help": "Reward manager: naive, batch, prime, dapo."}
+        default="naive", metadata={"help": "Reward manager: naive, batch, parallel, dapo, "
+                                           "embodied (a name in the siirl.reward_managers "
+                                           "plugin group)."}
     )
+    # the manager's own keywords (verl's key): the embodied manager reads reward_coef
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
     launch_reward_fn_async: bool = False
     # A user reward function runs in worker processes; a failing sample scores 0.0. These
     # bound a step's reward time and how long a run goes on with no scored sample.

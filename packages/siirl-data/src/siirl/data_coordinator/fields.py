@@ -58,3 +58,5 @@ RETURNS = "returns"  # float32 [B, R]: returns (the critic's targets under GAE)
 # --- embodied rollout ------------------------------------------------------------------
 COMPLETE = "complete"  # 0/1 per episode: task success (embodied sampling's default metric)
 ENV_SCORES = "env_scores"  # float32 [B]: the environment's episode score (multi-agent rollout)
+TRAJECTORY_EMBEDDING = "trajectory_embedding"  # float32 [B, D]: episode video embedding
+TASK_ID = "task_id"  # non-tensor str: the embodied task an episode plays

@@ -1,0 +1,72 @@
+"""The ``embodied`` reward manager: episodes scored by task success, failures by SRPO's
+progress reward when the rows carry video embeddings (``reward_score.embodied``).
+
+Reads ``complete`` (0/1 per episode), and, when present, ``trajectory_embedding`` [B, D]
+and ``task_id`` (episodes of one task are compared; without it, the GRPO group ``uid``).
+The score times ``reward_model.reward_kwargs.reward_coef`` (default 1.0, siiRL's key) sits on
+each row's last response token. Without embeddings a failure scores 0 (plain GRPO on
+success).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator.fields import (
+    COMPLETE,
+    RESPONSE_MASK,
+    TASK_ID,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+    TRAJECTORY_EMBEDDING,
+    UID,
+)
+from siirl.data_coordinator.protocol import get_non_tensor
+from siirl.engine.common.config import typed_config
+from siirl.engine.reward_manager.registry import register
+from siirl.engine.reward_score.embodied import progress_rewards
+from siirl.errors import DataError
+
+
+@register("embodied")
+class EmbodiedRewardManager:
+    name = "embodied"
+
+    def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
+                 peers: Optional[Mapping[str, Any]] = None, reward_coef: Optional[float] = None):
+        kwargs = dict(typed_config(config).reward_model.reward_kwargs or {})
+        self.reward_coef = float(reward_coef if reward_coef is not None else
+                                 kwargs.get("reward_coef", 1.0))
+
+    def compute_reward(self, batch: Any) -> NodeOutput:
+        keys = batch.keys()
+        if COMPLETE not in keys:
+            raise DataError("the embodied reward manager needs each row's 'complete' (task "
+                            "success, 0/1) from an embodied rollout; this batch has "
+                            f"{sorted(keys)}")
+        success = batch[COMPLETE].float().cpu().numpy() > 0.5
+        groups = get_non_tensor(batch, TASK_ID) if TASK_ID in keys else \
+            get_non_tensor(batch, UID) if UID in keys else ["all"] * len(success)
+        metrics = {"reward/success_rate": float(success.mean()) if len(success) else 0.0}
+        if TRAJECTORY_EMBEDDING in keys:
+            scores, distances = progress_rewards(
+                batch[TRAJECTORY_EMBEDDING].float().cpu().numpy(), success, groups)
+            shaped = [scores[row] for row in distances]
+            metrics["reward/progress/mean"] = float(np.mean(shaped)) if shaped else 0.0
+            metrics["reward/progress/count"] = float(len(shaped))
+        else:
+            scores = success.astype(np.float64)
+        mask = batch[RESPONSE_MASK]
+        token_scores = torch.zeros_like(mask, dtype=torch.float32)
+        lengths = mask.sum(dim=-1).long()
+        rows = torch.nonzero(lengths > 0).flatten()
+        values = torch.as_tensor(scores * self.reward_coef, dtype=torch.float32)
+        token_scores[rows, lengths[rows] - 1] = values[rows]
+        batch.set(TOKEN_LEVEL_SCORES, token_scores)
+        batch.set(TOKEN_LEVEL_REWARDS, token_scores.clone())
+        metrics["reward/score/mean"] = float(values.mean()) if len(values) else 0.0
+        return NodeOutput(batch=batch, metrics=metrics)
