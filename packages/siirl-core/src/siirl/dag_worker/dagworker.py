@@ -315,7 +315,7 @@ class DAGWorker:
 
     def compute_reward(self, batch, config=None, **kwargs) -> NodeOutput:
         if self.agents.multi and ENV_SCORES in batch.keys():
-            from siirl.execution.rollout_flow.multi_agent.rollout import (
+            from siirl.dag_worker.multi_agent.rollout import (
                 env_rewards,
                 rewards_with_env,
             )

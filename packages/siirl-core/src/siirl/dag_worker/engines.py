@@ -51,8 +51,8 @@ def roles_needed(graph: TaskGraph) -> list:
     """Engine roles the graph's built-in worker methods will ask for."""
     roles = []
     for node in graph.nodes.values():
-        # the worker's own node methods, and siirl-envs' nodes that drive its engines
-        uses_worker = (node.executable_ref or "").startswith(("siirl.dag_worker.dagworker:",
+        # the worker's own node functions, and siirl-envs' nodes that drive its engines
+        uses_worker = (node.executable_ref or "").startswith(("siirl.dag_worker.",
                                                               "siirl.environment."))
         role = NODE_ROLE_TO_ENGINE.get(node.node_role)
         if uses_worker and role and role not in roles and node.node_type is not NodeType.DATA_LOAD:

@@ -29,7 +29,7 @@ DEFAULT_FUNCS = {
 
 
 _ROLLOUT = (NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, False)
-MULTI_AGENT_ROLLOUT = "siirl.execution.rollout_flow.multi_agent.rollout:multi_agent_rollout"
+MULTI_AGENT_ROLLOUT = "siirl.dag_worker.multi_agent.rollout:multi_agent_rollout"
 
 
 def default_func_for(node: Node) -> Optional[str]:

@@ -30,6 +30,7 @@ import torch
 
 from siirl.dag_worker.agent_groups import AgentGroups, prefix
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.dag_worker.multi_agent.agent_process import AgentProcess, step_env
 from siirl.data_coordinator import protocol
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
@@ -49,7 +50,6 @@ from siirl.data_coordinator.fields import (
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole
-from siirl.execution.rollout_flow.multi_agent.agent_process import AgentProcess, step_env
 
 ROLLOUT = "actor_rollout_ref.rollout"
 _PROCESSES: Dict[str, AgentProcess] = {}
