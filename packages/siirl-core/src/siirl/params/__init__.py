@@ -15,6 +15,7 @@ from siirl.params.agentic_args import (
 )
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import CustomClsArguments, DataArguments, SamplerArguments
+from siirl.params.embodied_args import EmbodiedArguments, EmbodiedEnvironmentArguments
 from siirl.params.model_args import (
     ActorArguments,
     ActorRolloutRefArguments,
@@ -77,6 +78,8 @@ __all__ = [
     "ActorArguments",
     "ActorRolloutRefArguments",
     "AlgorithmArguments",
+    "EmbodiedArguments",
+    "EmbodiedEnvironmentArguments",
     "EmbodiedSamplingArguments",
     "CheckpointArguments",
     "CriticArguments",

@@ -325,6 +325,10 @@ RULES: Tuple[Rule, ...] = (
         "it only acts with reward_model.sandbox_fusion.url, for the multi-turn python tool.",
         lambda config, key: not _get(config, "reward_model.sandbox_fusion.url") or
         not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
+    _refused("actor_rollout_ref.embodied.*", "the embodied rollout is not built yet",
+             "siiRL's embodied settings (VLA action tokens, LIBERO environments) are parsed "
+             "but nothing runs a vision-language-action policy yet (issue 18): the embodied "
+             "environments, reward manager and sampling filter exist, the rollout does not."),
     _na("reward_model.reward_kwargs", "read by the embodied reward manager only",
         "reward_model.reward_kwargs are the embodied manager's keywords (reward_coef); the "
         "other managers take custom_reward_function.reward_kwargs.",

@@ -9,6 +9,8 @@ against the root config exactly as in verl.
 from dataclasses import dataclass, field
 from typing import Any
 
+from siirl.params.embodied_args import EmbodiedArguments
+
 # --- Shared building blocks ---
 
 
@@ -289,6 +291,7 @@ class ActorRolloutRefArguments:
     actor: ActorArguments = field(default_factory=ActorArguments)
     ref: RefArguments = field(default_factory=RefArguments)
     rollout: RolloutArguments = field(default_factory=RolloutArguments)
+    embodied: EmbodiedArguments = field(default_factory=EmbodiedArguments)
 
 
 # --- critic ---
