@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
-``nox -s reliability``."""
+``nox -s reliability``, ``nox -s mutmut``."""
 
 import nox
 
@@ -47,6 +47,20 @@ def reliability(session: nox.Session) -> None:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", "tests/reliability", *session.posargs,
                 env={"SIIRL_RELIABILITY": "all"})
+
+
+@nox.session
+def mutmut(session: nox.Session) -> None:
+    """Mutation testing (docs/mutation.md): mutmut over core_algos, the DataBuffer, the
+    dataloader partition, the checkpoint manager and the reward managers, each against
+    only its own fast tests; prints the mutants no test killed. ``nox -s mutmut --
+    checkpoint`` runs one group; other arguments go to tools/mutation/run.py."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package)
+    session.install("mutmut==3.8.1")
+    session.run("python", "tools/mutation/run.py", *session.posargs)
 
 
 @nox.session
