@@ -19,70 +19,20 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 from siirl.dag_worker import startup
-from siirl.errors import ConfigError, SiirlError, WorkerFailedError
+from siirl.errors import SiirlError, WorkerFailedError
 from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 from siirl.launch import signals
 from siirl.launch.heartbeat import CHECK_S, describe
+from siirl.launch.ray_cluster import placement_groups, start_ray
 
-PLACEMENT_TIMEOUT_S = 120
 LOG_FLUSH_S = 1.0
 FAILURE_SETTLE_S = 3.0  # a dead worker's peers may fail first: wait for its death too
-
-
-def _start_ray(config: Any, num_workers: int) -> bool:
-    """Join or start Ray; True when this call started a local cluster (ours to stop)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = select(config, "trainer.ray_address")
-    if address != "local":
-        try:  # an explicit address, RAY_ADDRESS, or a cluster started on this node
-            ray.init(address=address or "auto", log_to_driver=True,
-                     ignore_reinit_error=True)
-            return False
-        except ConnectionError:
-            if address:
-                raise ConfigError(f"trainer.ray_address={address}: no Ray cluster answers "
-                                  "there") from None
-    temp_dir = select(config, "trainer.ray_temp_dir") or tempfile.mkdtemp(prefix="ray")
-    kwargs = {"include_dashboard": False, "_temp_dir": str(temp_dir),
-              "object_store_memory": 256 * 1024 ** 2,  # batches never go through it
-              "log_to_driver": True}
-    # one logical CPU per worker even on a small machine (CPU workers, tests); GPUs are
-    # detected by Ray itself
-    kwargs["num_cpus"] = max(num_workers, os.cpu_count() or 1)
-    ray.init(**kwargs)
-    return True
-
-
-def _placement_groups(config: Any, num_workers: int, on_gpu: bool) -> list:
-    import ray
-    from ray.util.placement_group import placement_group
-
-    nodes = int(select(config, "trainer.nnodes", 1))
-    per_node = num_workers // nodes
-    bundle = {"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1}
-    groups = [placement_group([dict(bundle)] * per_node,
-                              strategy="STRICT_PACK" if on_gpu else "PACK")
-              for _ in range(nodes)]
-    ready = [g.ready() for g in groups]
-    done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
-    if len(done) < len(ready):
-        for group in groups:
-            ray.util.remove_placement_group(group)
-        raise ConfigError(
-            f"the Ray cluster cannot place {nodes} node(s) x {per_node} worker(s) of {bundle} "
-            f"within {PLACEMENT_TIMEOUT_S}s (available: {ray.available_resources()}); lower "
-            "trainer.nnodes/n_gpus_per_node or add nodes")
-    return groups
 
 
 def _describe(info: dict) -> str:
@@ -116,7 +66,12 @@ def _record_workers(config: Any, infos: List[dict]) -> None:
     directory = Path(str(select(config, "trainer.default_local_dir", ".")))
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "workers.json").write_text(json.dumps(
-        [{k: info[k] for k in ("rank", "pid", "node_ip")} for info in infos], indent=1))
+        [{k: info[k] for k in ("rank", "pid", "node_ip", "node_id", "host")}
+         for info in infos], indent=1))
+    if len({info["node_id"] for info in infos}) > 1:  # where each worker landed
+        for info in infos:
+            print(f"siirl: worker rank {info['rank']} on {info['host']} ({info['node_ip']}, "
+                  f"Ray node {info['node_id'][:8]}), pid {info['pid']}", flush=True)
 
 
 def _first_failure(failed: dict, infos: List[dict]) -> SiirlError:
@@ -176,14 +131,14 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     device = str(select(config, "trainer.device", "auto") or "auto").lower()
     if device not in ("auto", "cpu"):
         device_kind(config)  # validates the name
-    started = _start_ray(config, num_workers)
+    started = start_ray(config, num_workers)
     signals.reinstall()
     actors, groups = [], []
     try:
         # auto: GPU workers when the cluster has GPUs (the driver itself may have none)
         on_gpu = device == "cuda" or (device == "auto" and
                                       ray.cluster_resources().get("GPU", 0) > 0)
-        groups = _placement_groups(config, num_workers, on_gpu)
+        groups = placement_groups(config, num_workers, on_gpu)
         per_node = num_workers // len(groups)
         remote = ray.remote(WorkerProcess)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

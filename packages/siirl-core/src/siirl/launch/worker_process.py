@@ -25,11 +25,25 @@ class WorkerProcess:
         self.rank, self.world_size, self.config = rank, world_size, config
 
     def address(self) -> dict:
-        """Where this process runs, and a free port on its host for the rendezvous."""
-        from siirl.execution.scheduler.process_group_manager import free_port, node_ip
+        """Where this process runs (its node's address as the cluster knows it, the node's
+        id, the host name), and a free port on its host for the rendezvous."""
+        import socket
 
-        return {"rank": self.rank, "pid": os.getpid(), "node_ip": node_ip(),
-                "port": free_port()}
+        import ray
+
+        from siirl.execution.scheduler.process_group_manager import (
+            free_port,
+            node_ip,
+            pin_gloo_interface,
+        )
+
+        ip, node_id = node_ip(), ray.get_runtime_context().get_node_id()
+        # the DataBuffer's shared-memory route stays within one Ray node (siirl-data reads
+        # it: it does not import Ray), even where two nodes share a machine
+        os.environ["SIIRL_NODE_ID"] = node_id
+        pin_gloo_interface(ip)
+        return {"rank": self.rank, "pid": os.getpid(), "node_ip": ip, "node_id": node_id,
+                "host": socket.gethostname(), "port": free_port()}
 
     def run(self, master_addr: str, master_port: int, graph: Any,
             group_ranks: Sequence[Sequence[int]],

@@ -142,6 +142,18 @@ class TrainerArguments:
                           "cluster (RAY_ADDRESS or `ray start --head` on this node) and else "
                           "starts a local one; 'local' always starts a local one."},
     )
+    ray_node_ip: str | None = field(
+        default=None,
+        metadata={"help": "This machine's address as the Ray cluster knows its nodes (what "
+                          "`ray start --node-ip-address` was given): the driver joins with it. "
+                          "Needed when that is a loopback address (a cluster on one machine) "
+                          "or one of several interfaces; null lets Ray pick."},
+    )
+    ray_connect_timeout_s: float = field(
+        default=30.0,
+        metadata={"help": "Seconds to wait for the cluster at trainer.ray_address to answer "
+                          "before the job stops naming the address."},
+    )
     ray_temp_dir: str | None = field(
         default=None, metadata={"help": "Ray's session directory for a local cluster."}
     )

@@ -17,6 +17,7 @@ reward managers) are checked by the plugin registry.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from typing import Any, Callable, Tuple
 
@@ -65,6 +66,14 @@ def within(low: float, high: float, patterns, low_open: bool = False,
 
 def one_of(choices: Tuple[str, ...], patterns) -> ValueRule:
     return _rule(patterns, lambda v: v in choices, f"must be one of: {', '.join(choices)}")
+
+
+def _ip_address(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 def _paths(value: Any) -> bool:
@@ -132,7 +141,8 @@ RULES: Tuple[ValueRule, ...] = (
                  "reward_model.overlong_buffer.penalty_factor")),
     above(0, (f"{A}.grad_clip", f"{C}.grad_clip", f"{C}.cliprange_value",
               "algorithm.kl_ctrl.target_kl", f"{R}.server_timeout_s",
-              "trainer.heartbeat_timeout_s", "reward_model.step_timeout_s")),
+              "trainer.heartbeat_timeout_s", "trainer.ray_connect_timeout_s",
+              "reward_model.step_timeout_s")),
     above(1, f"{A}.clip_ratio_c", " (the dual-clip bound on negative advantages)"),
     # -- closed sets of names
     one_of(("error", "left", "right"), "data.truncation"),
@@ -144,6 +154,8 @@ RULES: Tuple[ValueRule, ...] = (
     # -- keys typed Any in the schema
     _rule(("data.train_files", "data.val_files"), _paths,
           "must be a file path or a list of file paths (or null: the built-in task)"),
+    _rule("trainer.ray_node_ip", _ip_address,
+          "must be an IP address (what `ray start --node-ip-address` was given)"),
     _rule("data.prompt_key", lambda v: isinstance(v, str) and bool(v.strip()),
           "must name the prompt column", optional=False),
 )

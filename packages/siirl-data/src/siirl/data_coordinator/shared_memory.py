@@ -37,7 +37,9 @@ def enabled(setting: bool | None = None) -> bool:
 @functools.cache
 def node_key() -> str | None:
     """Equal on ranks that can open each other's staging: the same kernel boot and the
-    same pid namespace (``/proc/<pid>`` names the peer). None where memfd or /proc lack."""
+    same pid namespace (``/proc/<pid>`` names the peer), and the same cluster node
+    (``SIIRL_NODE_ID``, set by the launcher: nodes that share a machine, as in tests, still
+    exchange rows as separate machines would). None where memfd or /proc lack."""
     if not hasattr(os, "memfd_create"):
         return None
     try:
@@ -45,7 +47,7 @@ def node_key() -> str | None:
         pidns = os.stat("/proc/self/ns/pid")
     except OSError:
         return None
-    return f"{boot}/{pidns.st_dev}:{pidns.st_ino}"
+    return f"{boot}/{pidns.st_dev}:{pidns.st_ino}/{os.environ.get('SIIRL_NODE_ID', '')}"
 
 
 class Mapping:

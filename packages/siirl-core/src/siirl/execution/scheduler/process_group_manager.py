@@ -15,6 +15,7 @@ fail instead of hang.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -34,6 +35,20 @@ def node_ip() -> str:
         return ray.util.get_node_ip_address()
     except Exception:  # no Ray here: a single-node run
         return "127.0.0.1"
+
+
+def pin_gloo_interface(ip: str) -> None:
+    """Gloo finds its own address from the host name, which may be another interface than
+    the one the cluster uses (or unreachable for the peers): use the interface holding
+    ``ip`` unless ``GLOO_SOCKET_IFNAME`` is set already."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
 
 
 def backend_for(device: str) -> str:

@@ -1,0 +1,230 @@
+"""Join (or start) the Ray cluster and reserve one bundle per worker, one node per group.
+
+``trainer.ray_address`` names a running cluster. Before Ray is asked to join it, the
+address must accept a TCP connection within ``trainer.ray_connect_timeout_s``, and joining
+must finish within as long again: Ray itself retries an unreachable set-up for minutes without
+saying so.
+
+``trainer.ray_node_ip`` is this machine's address as the cluster knows its nodes. Ray
+rewrites a loopback address (given as the cluster's address or as the node's) into the
+machine's interface address, so that other machines can reach it; a cluster whose nodes
+were started on the loopback (several nodes on one machine) is then out of reach. With a
+loopback node address asked for, that rewriting is turned off for this process.
+
+``trainer.nnodes`` placement groups of ``trainer.n_gpus_per_node`` bundles: with more than
+one node, each group is packed onto one node and the groups onto distinct nodes (Ray's
+placement target per group, then checked), so the workers of a group share a node and its
+fast paths (shared memory, NVLink) while the groups spread over the cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import tempfile
+import time
+from typing import Any, List
+
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+PLACEMENT_TIMEOUT_S = 120
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of ``[ray://]host:port``; None for forms without a port."""
+    address = address.split("://", 1)[-1]
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def wait_reachable(address: str, timeout_s: float) -> None:
+    """Return once ``address`` accepts a TCP connection; ConfigError after ``timeout_s``."""
+    target = _host_port(address)
+    if target is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    error: OSError | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection(target, timeout=max(0.1, min(5.0, left))):
+                return
+        except OSError as exc:
+            error = exc
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"trainer.ray_address={address}: no Ray cluster answers there within "
+                f"{timeout_s:g} s ({error.strerror or error}); start it (`ray start --head "
+                "--port=...`) or fix the address (trainer.ray_connect_timeout_s sets the wait)")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_address(address: str, node_ip: str | None, timeout_s: float) -> None:
+    """ConfigError, within ``timeout_s``, unless the address Ray will dial answers."""
+    import ray
+
+    wait_reachable(address, timeout_s)
+    target = _host_port(address)
+    if target is None or node_ip or not _is_loopback(target[0]) or "://" in address:
+        return
+    # Ray dials a loopback address through this machine's interface address
+    rewritten = f"{ray.util.get_node_ip_address()}:{target[1]}"
+    try:
+        wait_reachable(rewritten, min(timeout_s, 5.0))
+    except ConfigError:
+        raise ConfigError(
+            f"trainer.ray_address={address}: the cluster answers on the loopback only, and "
+            f"Ray joins a loopback address through this machine's interface address "
+            f"({rewritten}), where nothing answers; a cluster whose nodes run on the "
+            "loopback (`ray start --node-ip-address=127.0.0.1`) needs "
+            "trainer.ray_node_ip=127.0.0.1") from None
+
+
+class _JoinWatchdog:
+    """Ends the process with a one-line error if joining the cluster hangs: Ray retries
+    some unreachable set-ups for many minutes, in native code a signal cannot cut short."""
+
+    def __init__(self, address: str, timeout_s: float):
+        import threading
+
+        self.timer = threading.Timer(timeout_s, self._fire, (address, timeout_s))
+        self.timer.daemon = True
+
+    @staticmethod
+    def _fire(address: str, timeout_s: float) -> None:
+        import sys
+
+        sys.stderr.write(f"siirl-train: error: trainer.ray_address={address}: joining the "
+                         f"Ray cluster did not finish within {timeout_s:g} s; check the "
+                         "address, trainer.ray_node_ip (this machine's address as the "
+                         "cluster knows it) and that this machine runs a node of the "
+                         "cluster (`ray start --address=...`)\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.cancel()
+
+
+def pin_node_ip(node_ip: str | None) -> dict:
+    """ray.init's arguments for this node's address (see the module's docstring)."""
+    if not node_ip:
+        return {}
+    if ipaddress.ip_address(node_ip).is_loopback:
+        # private, but the only switch: services.get_node_ip_address() returns the
+        # loopback address, instead of the interface's, while it is off
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    return {"_node_ip_address": node_ip}
+
+
+def start_ray(config: Any, num_workers: int) -> bool:
+    """Join or start Ray; True when this call started a local cluster (ours to stop)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = select(config, "trainer.ray_address")
+    node_ip = select(config, "trainer.ray_node_ip")
+    node = pin_node_ip(node_ip)
+    if address != "local":
+        timeout_s = float(select(config, "trainer.ray_connect_timeout_s", 30.0))
+        if address and address != "auto":
+            check_address(str(address), node_ip, timeout_s)
+        try:  # an explicit address, RAY_ADDRESS, or a cluster started on this node
+            with _JoinWatchdog(str(address or "auto"), timeout_s):
+                ray.init(address=address or "auto", log_to_driver=True,
+                         ignore_reinit_error=True, **node)
+            return False
+        except ConnectionError:
+            if address:
+                raise ConfigError(f"trainer.ray_address={address}: no Ray cluster answers "
+                                  "there") from None
+    temp_dir = select(config, "trainer.ray_temp_dir") or tempfile.mkdtemp(prefix="ray")
+    kwargs = {"include_dashboard": False, "_temp_dir": str(temp_dir),
+              "object_store_memory": 256 * 1024 ** 2,  # batches never go through it
+              "log_to_driver": True, **node}
+    # one logical CPU per worker even on a small machine (CPU workers, tests); GPUs are
+    # detected by Ray itself
+    kwargs["num_cpus"] = max(num_workers, os.cpu_count() or 1)
+    ray.init(**kwargs)
+    return True
+
+
+def _fits(node: dict, bundle: dict, count: int) -> bool:
+    return node.get("Alive") and all(node.get("Resources", {}).get(k, 0) >= v * count
+                                     for k, v in bundle.items())
+
+
+def _target_nodes(nodes: int, bundle: dict, per_node: int) -> List[str]:
+    """Distinct alive nodes with room for a group, the driver's own node first."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    fitting = sorted((n["NodeID"] for n in ray.nodes() if _fits(n, bundle, per_node)),
+                     key=lambda node_id: node_id != here)
+    if len(fitting) < nodes:
+        raise ConfigError(
+            f"trainer.nnodes={nodes}: the Ray cluster has {len(fitting)} node(s) with room for "
+            f"{per_node} worker(s) of {bundle} each ({describe_nodes()}); lower "
+            "trainer.nnodes or trainer.n_gpus_per_node, or add nodes")
+    return fitting[:nodes]
+
+
+def describe_nodes() -> str:
+    import ray
+
+    return "; ".join(f"{n['NodeManagerAddress']} {n['NodeID'][:8]}: "
+                     f"{ {k: v for k, v in n.get('Resources', {}).items() if k in ('CPU', 'GPU')} }"
+                     for n in ray.nodes() if n.get("Alive"))
+
+
+def placement_groups(config: Any, num_workers: int, on_gpu: bool) -> list:
+    """``trainer.nnodes`` ready placement groups of ``num_workers / nnodes`` bundles."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    nodes = int(select(config, "trainer.nnodes", 1))
+    per_node = num_workers // nodes
+    bundle = {"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1}
+    if nodes == 1:
+        groups = [placement_group([dict(bundle)] * per_node,
+                                  strategy="STRICT_PACK" if on_gpu else "PACK")]
+    else:
+        groups = [placement_group([dict(bundle)] * per_node, strategy="STRICT_PACK",
+                                  _soft_target_node_id=node_id)
+                  for node_id in _target_nodes(nodes, bundle, per_node)]
+    ready = [g.ready() for g in groups]
+    done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
+    if len(done) < len(ready):
+        for group in groups:
+            ray.util.remove_placement_group(group)
+        raise ConfigError(
+            f"the Ray cluster cannot place {nodes} node(s) x {per_node} worker(s) of {bundle} "
+            f"within {PLACEMENT_TIMEOUT_S}s (available: {ray.available_resources()}); lower "
+            "trainer.nnodes/n_gpus_per_node or add nodes")
+    if nodes > 1:  # the target is a hint: a group on an occupied node breaks the layout
+        placed = [set(placement_group_table(g)["bundles_to_node_id"].values()) for g in groups]
+        if len(set().union(*placed)) < nodes:
+            for group in groups:
+                ray.util.remove_placement_group(group)
+            raise ConfigError(
+                f"trainer.nnodes={nodes}: the workers could not be spread over {nodes} "
+                f"distinct nodes ({describe_nodes()}); free the nodes or lower trainer.nnodes")
+    return groups
