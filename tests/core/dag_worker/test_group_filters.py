@@ -148,6 +148,19 @@ def test_dapo_regenerates_until_enough_groups_then_cuts_to_the_share():
     assert second.metrics["dynamic_sampling/num_gen_batches"] == 2.0
 
 
+def test_dapo_rounds_of_gen_batch_size_fill_the_train_batch_share():
+    """verl's data.gen_batch_size: the loader's rounds are larger than the step's share of
+    data.train_batch_size (2 workers: 4 groups of 8), which is what the pool is cut to."""
+    worker = _Worker(share=6)
+    worker.train_loader.num_ranks = 2
+    config = {**_config(), "data": {"train_batch_size": 8}}
+    first = dynamic_sampling(_prompt_batch("a", 4), config, worker=worker)
+    assert first.info == {"regenerate": True}  # 2 groups of the 4 needed
+    second = dynamic_sampling(_prompt_batch("b", 4), config, worker=worker)
+    assert not second.info.get("regenerate")
+    assert len(set(get_non_tensor(second.batch, "uid"))) == 4
+
+
 def test_dapo_exhausted_generations_error_or_warn():
     with pytest.raises(DataError, match="max_num_gen_batches=1"):
         dynamic_sampling(_prompt_batch("a", 4), _config(max_num_gen_batches=1),

@@ -180,7 +180,11 @@ def test_a_key_set_to_its_default_is_fine(capsys):
     (["critic.enable=true", "algorithm.adv_estimator=gae"], True),  # PPO runs a critic
     (["critic.enable=false", "algorithm.adv_estimator=gae"], False),
     (["algorithm.filter_groups.enable=true", "algorithm.workflow_type=DAPO"], True),
-    (["algorithm.filter_groups.enable=true"], False),  # not the DAPO workflow
+    (["algorithm.filter_groups.enable=true"], True),  # verl's way: turns DAPO's sampling on
+    (["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=gae"], False),
+    (["algorithm.filter_groups.enable=true", "algorithm.workflow_type=AGENTIC"], False),
+    (["data.gen_batch_size=48"], False),  # read by dynamic sampling only
+    (["data.gen_batch_size=48", "algorithm.filter_groups.enable=true"], True),
     (MEGATRON + ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                  "critic.megatron.tensor_model_parallel_size=2"], True),  # same as actor's
     (MEGATRON + ["critic.megatron.tensor_model_parallel_size=2"], False),

@@ -296,3 +296,29 @@ def test_truncated_importance_sampling_metrics_and_required_field():
     assert metrics["actor/tis_ratio_mean"] == pytest.approx(torch.exp(torch.tensor(0.1)).item(),
                                                             rel=1e-5)
     assert metrics["actor/tis_capped_frac"] == pytest.approx(1.0)  # 1.105 > 1.05 everywhere
+
+
+def test_cpgd_estimator_turns_on_the_cpgd_loss_and_its_policy_drift_term():
+    """siiRL's CPGD: adv_estimator=cpgd implies use_cpgd_loss; the policy-drift term,
+    min(ratio - 1, 2) * log_prob with the ratio detached, is 0 on the update's first pass
+    (ratio 1) and the siiRL formula on a stale batch."""
+    cfg = actor_config("algorithm.adv_estimator=cpgd",
+                       "actor_rollout_ref.actor.policy_drift_coeff=0.5",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+    assert cfg.actor_rollout_ref.actor.use_cpgd_loss
+    actor = actor_engine(cfg)
+    batch = with_advantages(actor, rollout_batch(rows=4))
+    first = actor.update_policy(batch).metrics
+    assert first["actor/policy_drift_loss"] == pytest.approx(0.0, abs=1e-7)
+    with torch.no_grad():
+        lp, _ = ref_logprobs(actor.module, batch["input_ids"], batch["attention_mask"],
+                             batch["position_ids"], RESPONSE)
+    ratio = torch.exp(lp - batch["old_log_probs"])
+    want = agg_loss(torch.clamp(ratio - 1.0, max=2.0) * lp, batch["response_mask"],
+                    "token-mean").item()
+    second = actor.update_policy(batch).metrics
+    assert want != 0.0 and second["actor/policy_drift_loss"] == pytest.approx(want, rel=1e-5)
+    plain = actor_config("actor_rollout_ref.actor.policy_drift_coeff=0.5")
+    assert not plain.actor_rollout_ref.actor.use_cpgd_loss  # GRPO: the term stays off
+    assert "actor/policy_drift_loss" not in actor_engine(plain).update_policy(
+        with_advantages(actor, rollout_batch(rows=4))).metrics

@@ -35,6 +35,17 @@ def resolve_data_files(config: Any) -> Tuple[Any, Any]:
             val if val is not None else str(val_path))
 
 
+def dynamic_sampling(config: Any) -> bool:
+    """DAPO's dynamic sampling runs in this job (the DAPO workflow, or verl's way)."""
+    from siirl.execution.dag.task_loader import builtin_pipeline_name
+
+    if any(select(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
+                                                 "pipeline")):
+        return bool(select(config, "algorithm.filter_groups.enable", False))
+    return builtin_pipeline_name(config) == "dapo" and \
+        bool(select(config, "algorithm.filter_groups.enable", False))
+
+
 def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
                       ) -> Tuple[Any, Optional[Any]]:
     from siirl.data_coordinator.dataloader import PartitionedDataset, StatefulDataLoader
@@ -49,6 +60,11 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     # (see StatefulDataLoader), so the run does not depend on the number of workers.
     train_set = PartitionedDataset(train_files, tokenizer, data_cfg, 0, 1)
     seed = int(select(config, "data.seed", 1))
+    if dynamic_sampling(config):  # a generation round takes data.gen_batch_size prompts
+        global_batch = int(select(config, "data.gen_batch_size", None) or global_batch)
+        if global_batch % world_size:
+            raise ConfigError(f"data.gen_batch_size={global_batch} must be divisible by the "
+                              f"number of workers ({world_size})")
     train_loader = StatefulDataLoader(
         train_set, batch_size=global_batch // world_size, pad_token_id=tokenizer.pad_token_id,
         shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True,

@@ -69,6 +69,24 @@ def _builtin_workflow_is_not(kind: str) -> Condition:
         str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() != kind
 
 
+def _no_dynamic_sampling_possible(config: Any, key: str) -> bool:
+    # the DAPO workflow runs it; so does the DEFAULT workflow with group advantages once
+    # filter_groups.enable is set, as in verl (siirl.execution.dag.task_loader)
+    workflow = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper()
+    group_advantages = str(_get(config, "algorithm.adv_estimator", "grpo")).lower() != "gae"
+    return not _custom_workflow(config) and workflow != "DAPO" and \
+        not (workflow == "DEFAULT" and group_advantages)
+
+
+def _no_dynamic_sampling(config: Any, key: str) -> bool:
+    if key == "algorithm.filter_groups.enable":  # setting it is what turns it on
+        return _no_dynamic_sampling_possible(config, key)
+    return _no_dynamic_sampling_possible(config, key) or (
+        not _custom_workflow(config) and
+        str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() != "DAPO" and
+        not _get(config, "algorithm.filter_groups.enable"))
+
+
 def _critic_disagrees(config: Any, key: str) -> bool:
     # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT or the
     # AGENTIC workflow)
@@ -161,12 +179,15 @@ RULES: Tuple[Rule, ...] = (
              "pf-PPO sample reweighting is not implemented; samples keep equal weights."),
     _na("algorithm.pf_ppo.*", "no effect without use_pf_ppo",
         "it only acts with algorithm.use_pf_ppo=true, which this release refuses."),
-    _refused("algorithm.filter_groups.enable", "dynamic sampling needs workflow_type=DAPO",
-             "dynamic sampling (filter_groups) runs only in the DAPO workflow: add "
-             "algorithm.workflow_type=DAPO.", _builtin_workflow_is_not("DAPO")),
-    _na("algorithm.filter_groups.*", "no effect outside the DAPO workflow",
-        "filter_groups is read by the DAPO workflow (algorithm.workflow_type=DAPO).",
-        _builtin_workflow_is_not("DAPO")),
+    _refused("algorithm.filter_groups.enable", "dynamic sampling needs group advantages",
+             "dynamic sampling (filter_groups) runs in the DAPO workflow, with group "
+             "advantages: it drops groups whose rewards do not vary, which a critic's "
+             "advantages (gae) and the AGENTIC/EMBODIED workflows do not use. Use a group "
+             "estimator (grpo, ...) under the DEFAULT or DAPO workflow.",
+             _no_dynamic_sampling_possible),
+    _na("algorithm.filter_groups.*", "no effect without dynamic sampling",
+        "filter_groups is read by the DAPO workflow (algorithm.workflow_type=DAPO, or "
+        "algorithm.filter_groups.enable=true with group advantages).", _no_dynamic_sampling),
     _na("algorithm.embodied_sampling.*", "no effect outside the EMBODIED workflow",
         "embodied_sampling is read by the EMBODIED workflow (algorithm.workflow_type=EMBODIED).",
         _builtin_workflow_is_not("EMBODIED")),
@@ -182,9 +203,15 @@ RULES: Tuple[Rule, ...] = (
              "shuffle (data.shuffle, data.seed)."),
     _na(("data.use_shm", "actor_rollout_ref.model.use_shm"), "no effect: files are read in place",
         "copying files to shared memory is not implemented; they are read where they are."),
-    _na("data.gen_batch_size", "DAPO rounds take data.train_batch_size prompts",
-        "each DAPO generation round takes data.train_batch_size prompts (rounds repeat "
-        "until the batch is full)."),
+    _refused("data.gen_batch_size", "read by dynamic sampling only",
+             "data.gen_batch_size prompts make one generation round of DAPO's dynamic "
+             "sampling (algorithm.filter_groups.enable=true); without it every step "
+             "generates data.train_batch_size prompts: set that instead.",
+             lambda config, key: _no_dynamic_sampling(config, key) and
+             _get(config, key) != _get(config, "data.train_batch_size")),
+    _na("data.return_raw_chat", "no effect: the raw chat is always kept",
+        "every row keeps its chat messages (raw_prompt) whatever this says; multi-turn and "
+        "agentic rollouts read them from there."),
     _na("data.return_raw_input_ids", "no effect without a reward model",
         "raw input ids only feed a reward model, which this release refuses."),
     _na("data.return_full_prompt", "no effect: single-turn rollouts",
@@ -270,6 +297,10 @@ RULES: Tuple[Rule, ...] = (
     _na(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
         "the hf rollout takes prompts as the dataloader made them (data.max_prompt_length).",
         _hf_rollout),
+    _na("actor_rollout_ref.actor.policy_drift_coeff", "no effect without the CPGD loss",
+        "the policy-drift term belongs to CPGD's loss (algorithm.adv_estimator=cpgd, or "
+        "actor_rollout_ref.actor.use_cpgd_loss=true), as in siiRL.",
+        lambda config, key: not _get(config, "actor_rollout_ref.actor.use_cpgd_loss")),
     _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
              "the rollouts generate data.max_response_length tokens: set that instead."),
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",

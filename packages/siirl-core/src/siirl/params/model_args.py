@@ -149,6 +149,14 @@ class ActorArguments:
     tis_imp_ratio_cap: float = -1.0
     policy_loss: PolicyLossArguments = field(default_factory=PolicyLossArguments)
     loss_agg_mode: str = "token-mean"
+    use_cpgd_loss: bool = field(
+        default=False,
+        metadata={"help": "siiRL CPGD: the clipped-log-prob loss (policy_loss.loss_mode=cpgd); "
+                          "algorithm.adv_estimator=cpgd turns it on."})
+    policy_drift_coeff: float = field(
+        default=0.0,
+        metadata={"help": "siiRL CPGD: weight of the policy-drift term, "
+                          "min(ratio - 1, 2) * log_prob (ratio detached), with the CPGD loss."})
     entropy_coeff: float = 0.0
     use_kl_loss: bool = field(
         default=False, metadata={"help": "Add a KL(actor||ref) loss term (GRPO style)."}

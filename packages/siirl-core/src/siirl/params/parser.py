@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
+from siirl.params.aliases import apply_aliases
 from siirl.params.constraints import check_constraints
 
 SCHEMA_NAME = "siirl_config"
@@ -171,6 +172,7 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
             _apply_override(cfg, _parse_override(parser, text), text)
         except ConfigError as exc:
             problems.append(str(exc))
+    problems += apply_aliases(cfg)  # verl's spellings, where this schema names them
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:

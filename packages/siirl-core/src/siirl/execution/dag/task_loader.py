@@ -3,7 +3,8 @@
 Order: ``dag.custom_pipeline_fn`` ("module:function" returning a TaskGraph or Pipeline),
 then ``dag.workflow_path`` (a YAML workflow), then ``dag.pipeline`` (a name registered in
 the ``siirl.pipelines`` entry-point group), then ``algorithm.workflow_type`` with
-``algorithm.adv_estimator`` (DAPO -> dapo, EMBODIED -> embodied, AGENTIC -> agentic or with
+``algorithm.adv_estimator`` (DAPO, or DEFAULT with ``algorithm.filter_groups.enable`` and
+group advantages, as verl -> dapo; EMBODIED -> embodied, AGENTIC -> agentic or with
 gae agentic_ppo, which siirl-envs registers; otherwise gae -> ppo and anything else -> grpo).
 """
 
@@ -21,6 +22,17 @@ from siirl.execution.scheduler.enums import AdvantageEstimator, WorkflowType
 from siirl.plugins import load_plugin
 
 
+def dynamic_sampling_on(config: Any) -> bool:
+    """verl turns DAPO's dynamic sampling on from ``algorithm.filter_groups.enable`` alone
+    (its DAPO recipe sets no workflow): under the DEFAULT workflow with group advantages,
+    that key selects the DAPO pipeline here too."""
+    workflow = str(select(config, "algorithm.workflow_type", "DEFAULT")).upper()
+    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    return workflow == WorkflowType.DEFAULT.value and \
+        estimator != AdvantageEstimator.GAE.value and \
+        bool(select(config, "algorithm.filter_groups.enable", False))
+
+
 def builtin_pipeline_name(config: Any) -> str:
     raw_type = str(select(config, "algorithm.workflow_type", "DEFAULT"))
     try:
@@ -29,11 +41,11 @@ def builtin_pipeline_name(config: Any) -> str:
         names = ", ".join(w.value for w in WorkflowType)
         raise ConfigError(f"algorithm.workflow_type={raw_type!r} is not one of {names}") \
             from None
-    if workflow is WorkflowType.DAPO:
+    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    if workflow is WorkflowType.DAPO or dynamic_sampling_on(config):
         return "dapo"
     if workflow is WorkflowType.EMBODIED:
         return "embodied"
-    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
     if workflow is WorkflowType.AGENTIC:
         return "agentic_ppo" if estimator == AdvantageEstimator.GAE.value else "agentic"
     return "ppo" if estimator == AdvantageEstimator.GAE.value else "grpo"

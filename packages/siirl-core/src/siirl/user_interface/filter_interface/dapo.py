@@ -10,8 +10,9 @@ the batch. ``algorithm.filter_groups.metric`` picks the value (``acc``, ``score`
   total`` and ``/kept`` all generation batches of the step (``num_gen_batches`` of them);
 * while the pool holds fewer than this worker's share of ``data.train_batch_size`` prompt
   groups, the node asks the worker to regenerate: the graph restarts on the next batch of
-  the dataloader (``info={"regenerate": True}``). All workers decide together (the
-  smallest pool counts), so they regenerate in step;
+  the dataloader (``data.gen_batch_size`` prompts per round, as in verl;
+  ``info={"regenerate": True}``). All workers decide together (the smallest pool counts),
+  so they regenerate in step;
 * once enough, the pool is cut to exactly that many groups (in generation order);
 * after ``filter_groups.max_num_gen_batches`` generations (<= 0: no limit) without enough
   groups, ``filter_groups.on_exhausted=error`` (default, as verl) stops with an error,
@@ -58,10 +59,13 @@ def _merge(parts, worker):
 
 
 def _target_groups(worker, config) -> int:
+    """This worker's share of data.train_batch_size (a generation round's loader batch is
+    its share of data.gen_batch_size)."""
     loader = getattr(worker, "train_loader", None)
-    if loader is not None:
-        return int(loader.batch_size)  # this worker's share of data.train_batch_size
-    return int(select(config, "data.train_batch_size", 1))
+    total = select(config, "data.train_batch_size", None)
+    if total is None:  # a partial config (tests, tools): the round is the step
+        return int(getattr(loader, "batch_size", 1))
+    return int(total) // int(getattr(loader, "num_ranks", 1) or 1)
 
 
 def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:

@@ -66,7 +66,11 @@ class PolicyLoss:
         # DataParallelPPOActor.on_policy)
         self.on_policy = on_policy
         self.mode = cfg.loss_agg_mode
-        self.policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        self.policy_loss_fn = get_policy_loss_fn(
+            "cpgd" if getattr(cfg, "use_cpgd_loss", False) else cfg.policy_loss.loss_mode)
+        # siiRL's CPGD policy-drift term (with the CPGD loss only, as there)
+        self.drift_coef = float(getattr(cfg, "policy_drift_coeff", 0.0) or 0.0) \
+            if getattr(cfg, "use_cpgd_loss", False) else 0.0
         self.entropy_coeff = float(cfg.entropy_coeff)
         self.use_kl = bool(cfg.use_kl_loss)
         self.kl_coef = float(cfg.kl_loss_coef)
@@ -99,6 +103,11 @@ class PolicyLoss:
             else:  # metric only: keep it out of the graph
                 entropy_loss = agg_loss(entropy.detach(), mask, mode)
                 loss = pg_loss
+            if self.drift_coef:
+                drift = torch.clamp(torch.exp(log_prob.detach() - old_log_prob) - 1.0,
+                                    max=2.0) * log_prob
+                drift_loss = agg_loss(drift, mask, mode)
+                loss = loss + self.drift_coef * drift_loss
             kl_loss = torch.zeros(())
             if self.use_kl:
                 kld = kl_penalty(log_prob, micro_batch[REF_LOG_PROB], self.cfg.kl_loss_type)
@@ -109,6 +118,8 @@ class PolicyLoss:
             share = (float(agg_loss_units(mask, mode) / total_units.clamp_min(1))
                      if total_units is not None else 1.0)
             fraction_weight = share if total_units is not None else even
+            if self.drift_coef:
+                totals["actor/policy_drift_loss"] += float(drift_loss.detach()) * share
             for key, value, weight in (
                     ("pg_loss", pg_loss, share), ("entropy", entropy_loss, share),
                     ("kl_loss", kl_loss, share),
