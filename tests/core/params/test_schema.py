@@ -18,6 +18,7 @@ ROOT_GROUPS = [
     "custom_reward_function",
     "trainer",
     "dag",
+    "profiler",
     "custom_envs",
     "env_manager",
     "train_env_manager",

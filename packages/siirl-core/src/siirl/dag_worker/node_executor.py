@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 import traceback
@@ -86,9 +87,12 @@ class NodeExecutor:
         """Run ``node`` on ``batch``; return (NodeOutput, seconds)."""
         func = self.callable_for(node)
         kwargs = _accepted_kwargs(func, {"node": node, "worker": self.worker})
+        profiler = getattr(self.worker, "profiler", None)
+        traced = profiler.node(node.node_id, getattr(func, "__name__", None)) \
+            if profiler is not None else contextlib.nullcontext()
         start = time.perf_counter()
         try:
-            with activity.running(f"node '{node.node_id}'"):
+            with activity.running(f"node '{node.node_id}'"), traced:
                 output = func(batch, config=config, **kwargs)
         except SiirlError as exc:  # already user-facing: add which node it came from
             exc.args = (f"node '{node.node_id}': {exc}",) + exc.args[1:]

@@ -32,6 +32,7 @@ from siirl.dag_worker.checkpoint_manager import (
     set_rng_state,
 )
 from siirl.dag_worker.console import Progress
+from siirl.dag_worker.profiling import StepProfiler
 from siirl.dag_worker.quiet_libraries import QuietLibraries
 from siirl.dag_worker.step_health import StepHealth
 from siirl.dag_worker.tracking import Tracking, build_tracking
@@ -87,6 +88,9 @@ class Trainer:
         self.worker = worker
         self.config = worker.config
         self.started_at = startup.process_started() if started_at is None else started_at
+        # the torch profiler around chosen steps or nodes (profiler.*)
+        worker.profiler = StepProfiler(self.config, getattr(getattr(worker, "comm", None),
+                                                            "rank", 0))
         root = str(select(self.config, "trainer.default_local_dir", "."))
         self.checkpoints = CheckpointManager(root, select(self.config,
                                                           "trainer.max_actor_ckpt_to_keep"))
@@ -210,8 +214,9 @@ class Trainer:
                 self.worker.global_step += 1
                 step = self.worker.global_step
                 start = time.perf_counter()
-                result = self.worker.execute_task_graph(next(batches),
-                                                        next_batch=lambda: next(batches))
+                with self.worker.profiler.step(step):
+                    result = self.worker.execute_task_graph(next(batches),
+                                                            next_batch=lambda: next(batches))
                 metrics = dict(result.metrics)
                 last_batch = next(iter(result.outputs.values())).batch if result.outputs \
                     else None

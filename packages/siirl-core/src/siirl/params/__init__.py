@@ -33,6 +33,7 @@ from siirl.params.model_args import (
     RolloutArguments,
     ValKwargsArguments,
 )
+from siirl.params.profiler_args import ProfilerArguments
 from siirl.params.reward_args import (
     CustomRewardFunctionArguments,
     OverlongBufferArguments,
@@ -64,6 +65,7 @@ class SiiRLArguments:
     )
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
+    profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
     # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
     custom_envs: dict[str, Any] = field(default_factory=dict)
     env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
@@ -101,6 +103,7 @@ __all__ = [
     "OverlongBufferArguments",
     "PFPPOArguments",
     "PolicyLossArguments",
+    "ProfilerArguments",
     "RefArguments",
     "RewardModelArguments",
     "RewardModelModelArguments",

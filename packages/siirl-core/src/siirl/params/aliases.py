@@ -8,7 +8,9 @@ siiRL's implied settings.
   penalty counts from) must equal ``data.max_response_length``, which the reward managers
   read; it is then dropped, as the managers take no such keyword;
 - ``algorithm.adv_estimator=cpgd`` turns on ``actor_rollout_ref.actor.use_cpgd_loss``, as
-  siiRL's launcher does.
+  siiRL's launcher does;
+- verl's ``trainer.profile_steps`` (a list of steps) turns on ``profiler.enable`` for
+  ``profiler.profile_steps`` = those steps.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def apply_aliases(cfg: DictConfig) -> List[str]:
     """Move the aliased keys in place; the problems found (unknown sub-keys, conflicts)."""
     if str(OmegaConf.select(cfg, "algorithm.adv_estimator", default="")).lower() == "cpgd":
         OmegaConf.update(cfg, "actor_rollout_ref.actor.use_cpgd_loss", True)
+    steps = OmegaConf.select(cfg, "trainer.profile_steps")
+    if steps:
+        OmegaConf.update(cfg, "profiler.enable", True)
+        OmegaConf.update(cfg, "profiler.profile_steps", list(steps), merge=False)
     kwargs = OmegaConf.select(cfg, KWARGS)
     if not isinstance(kwargs, DictConfig):
         return []

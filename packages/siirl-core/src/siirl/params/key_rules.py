@@ -389,6 +389,11 @@ RULES: Tuple[Rule, ...] = (
         "siirl-train starts the workers itself (trainer.dist_timeout_s bounds their waits)."),
     # -- dag
     _na("dag.enable_perf", "no effect: timings are always logged",
-        "per-node timings are always in metrics.jsonl (timing_s/*); the torch profiler "
-        "lands with issue 19."),
+        "per-node timings are always in metrics.jsonl (timing_s/*); profiler.enable runs "
+        "the torch profiler."),
+    # -- profiler
+    _na(("profiler.level", "profiler.with_npu", "profiler.analysis"),
+        "no effect: Ascend NPU profiler settings",
+        "they tune torch_npu's profiler; this release runs the torch profiler (CPU, and "
+        "CUDA where present)."),
 )

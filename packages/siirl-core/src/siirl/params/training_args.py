@@ -136,6 +136,9 @@ class TrainerArguments:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     ray_wait_register_center_timeout: int = 300
+    profile_steps: list[int] | None = field(
+        default=None, metadata={"help": "verl: the training steps to profile (turns "
+                                        "profiler.enable on for them; see profiler.*)."})
     ray_address: str | None = field(
         default=None,
         metadata={"help": "Ray cluster to join for multi-worker runs: null joins the running "
