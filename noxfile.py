@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
-``nox -s reliability``, ``nox -s mutmut``."""
+``nox -s reliability``, ``nox -s mutmut``, ``nox -s embodied_sim``."""
 
 import nox
 
@@ -61,6 +61,24 @@ def mutmut(session: nox.Session) -> None:
         session.install("-e", package)
     session.install("mutmut==3.8.1")
     session.run("python", "tools/mutation/run.py", *session.posargs)
+
+
+@nox.session
+def embodied_sim(session: nox.Session) -> None:
+    """The robosuite and LIBERO adapters against the real simulators (robosuite 1.4.0,
+    mujoco<3.4, libero 0.1.1). Rendering needs OSMesa, a system library nox cannot
+    install: ``apt-get install libosmesa6`` first (without it the adapter tests skip and
+    say so). LIBERO's real-episode test also needs its scene assets (``assets_path``,
+    see siirl.environment.embodied.adapters.libero); without them it skips."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES[:-1]:
+        session.install("-e", package)
+    # torch named again: libero's robomimic wants torchvision, whose newest release would
+    # replace the CPU torch with a CUDA one
+    session.install("torch==2.13.0", "-e", "packages/siirl-envs[robosuite,libero]")
+    session.run("python", "-m", "pytest", "-q", "-rs", "tests/envs/embodied",
+                *session.posargs, env={"MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": "osmesa"})
 
 
 @nox.session

@@ -23,7 +23,10 @@ from siirl.errors import ConfigError
 from siirl.plugins import available, load_plugin
 
 GROUP = "siirl.environments"
-BUILTIN = {"reach": "siirl.environment.embodied.tasks.reach2d:Reach2D"}
+BUILTIN = {"reach": "siirl.environment.embodied.tasks.reach2d:Reach2D",
+           # imported only when asked for: they need their extras (and a renderer)
+           "robosuite": "siirl.environment.embodied.adapters.robosuite:RobosuiteEnv",
+           "libero": "siirl.environment.embodied.adapters.libero:LiberoEnv"}
 
 
 def embodied_env_names() -> List[str]:
