@@ -14,7 +14,7 @@ DAPO's dynamic sampling, PPO's critic.
 Left out: settings of features this release refuses because they are not built yet (issue
 19), each tested below to stop the run naming the key: ``use_remove_padding=True`` (in six
 of the scripts), the reference's parameter offload (in four) and, from the GSPO script,
-``use_dynamic_bsz`` with its token limits and parameter/optimizer offload.
+parameter/optimizer offload.
 """
 
 import json
@@ -88,6 +88,11 @@ VERL_GSPO = [  # examples/gspo_trainer/test_gspo_3b_math.sh
     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
     "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
     "actor_rollout_ref.rollout.val_kwargs.n=1",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={(P + R) * 2}",
+    f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={(P + R) * 3}",
+    f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={(P + R) * 3}",
+    "actor_rollout_ref.actor.entropy_checkpointing=true",
     "reward_model.reward_manager=dapo", "trainer.project_name='RL-GSPO'",
     "trainer.total_epochs=10"]
 
@@ -186,7 +191,6 @@ SIIRL_DAPO = [*_SIIRL_COMMON,  # examples/dapo_trainer/run_qwen2_5-7b.sh
 
 UNBUILT = ("actor_rollout_ref.model.use_remove_padding=True",
            "critic.model.use_remove_padding=True",
-           "actor_rollout_ref.actor.use_dynamic_bsz=True",
            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
            "actor_rollout_ref.ref.fsdp_config.param_offload=True")

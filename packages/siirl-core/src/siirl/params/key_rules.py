@@ -87,6 +87,19 @@ def _no_dynamic_sampling(config: Any, key: str) -> bool:
         not _get(config, "algorithm.filter_groups.enable"))
 
 
+_BUDGET_SWITCH = {
+    f"{ACTOR}.ppo_max_token_len_per_gpu": f"{ACTOR}.use_dynamic_bsz",
+    f"{REF}.log_prob_max_token_len_per_gpu": f"{REF}.log_prob_use_dynamic_bsz",
+    f"{ROLLOUT}.log_prob_max_token_len_per_gpu": f"{ROLLOUT}.log_prob_use_dynamic_bsz",
+    "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+    "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+}
+
+
+def _budget_unused(config: Any, key: str) -> bool:
+    return not _get(config, _BUDGET_SWITCH[key])
+
+
 def _critic_disagrees(config: Any, key: str) -> bool:
     # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT or the
     # AGENTIC workflow)
@@ -257,14 +270,18 @@ RULES: Tuple[Rule, ...] = (
         "verl's deprecated global micro-batch sizes are not read: set the matching *_per_gpu "
         "key."),
     _refused((f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
-              f"{ROLLOUT}.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"),
-             "dynamic batch size lands with issue 19",
-             "dynamic (token-budget) batch sizes are not implemented yet (issue 19); "
-             "micro-batches have a fixed size (*micro_batch_size_per_gpu)."),
+              f"{ROLLOUT}.log_prob_use_dynamic_bsz"), "not with the megatron strategy yet",
+             "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
+             "pipeline schedule needs micro-batches of equal rows.",
+             _strategy_is(f"{ACTOR}.strategy", True)),
+    _refused("critic.use_dynamic_bsz", "not with the megatron strategy yet",
+             "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
+             "pipeline schedule needs micro-batches of equal rows.",
+             _strategy_is("critic.strategy", True)),
     _na((f"{ACTOR}.ppo_max_token_len_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
          f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
          "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
-        "token budgets only act with use_dynamic_bsz=true, which this release refuses."),
+        "token budgets only act with the matching use_dynamic_bsz=true.", _budget_unused),
     _refused((f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
               "critic.ulysses_sequence_parallel_size"), "Ulysses SP lands with issue 19",
              "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1 "

@@ -41,6 +41,7 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
+from siirl.engine.common.dynamic_batch import TokenBudget
 from siirl.engine.common.ppo_update import (
     PPOUpdater,
     UpdateSettings,
@@ -150,6 +151,7 @@ class DataParallelPPOActor(UpdatingRole):
 
     def __init__(self, backend: TrainBackend, cfg: ActorArguments, heads: LogProbHeads, *,
                  temperature: float = 1.0, log_prob_micro_batch_size: Optional[int] = None,
+                 log_prob_budget: Optional[TokenBudget] = None,
                  settings: Optional[UpdateSettings] = None, lr_scheduler: Any = None):
         super().__init__(backend, PPOUpdater(backend, settings, "actor", lr_scheduler)
                          if settings is not None else None)
@@ -158,13 +160,15 @@ class DataParallelPPOActor(UpdatingRole):
         self.temperature = float(temperature)
         self.log_prob_micro_batch_size = (log_prob_micro_batch_size
                                           or cfg.ppo_micro_batch_size_per_gpu)
+        self.log_prob_budget = log_prob_budget  # dynamic batch size of the log-prob pass
 
     def compute_log_prob(self, batch: Any, calculate_entropy: bool = False):
         """Log-probs ``[B, R]`` of the batch's responses (and their entropy, or None)."""
         require(batch, FORWARD_KEYS, "compute_log_prob")
         data = batch.select(*FORWARD_KEYS)
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, calculate_entropy)
-        out = forward_rows(self.backend, data, self.log_prob_micro_batch_size, head)
+        out = forward_rows(self.backend, data, self.log_prob_micro_batch_size, head,
+                           self.log_prob_budget)
         return out["log_probs"], out.get("entropy")
 
     def on_policy(self, rows: int) -> bool:
@@ -177,6 +181,10 @@ class DataParallelPPOActor(UpdatingRole):
         settings = self.updater.settings
         if settings.epochs != 1 or settings.shuffle or rows > settings.mini_batch_rows():
             return False
+        if settings.token_budget is not None or self.log_prob_budget is not None:
+            # the same token plan only for the same budget
+            return settings.token_budget is not None and self.log_prob_budget is not None \
+                and settings.token_budget.max_tokens == self.log_prob_budget.max_tokens
         log_prob_rows = int(self.log_prob_micro_batch_size or rows)
         return min(log_prob_rows, rows) == min(settings.micro_rows(), rows)
 

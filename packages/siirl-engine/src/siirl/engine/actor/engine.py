@@ -19,6 +19,7 @@ from siirl.data_coordinator.fields import ATTENTION_MASK, OLD_LOG_PROBS, RESPONS
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
+from siirl.engine.common.dynamic_batch import budget, check_backend
 from siirl.engine.common.ppo_update import UpdateSettings
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.common.weight_sync import Bucket
@@ -33,14 +34,20 @@ class ActorEngine(TrainedEngine):
                  tokenizer: Any = None, rollout_module: Optional[torch.nn.Module] = None,
                  initial_module: Optional[torch.nn.Module] = None):
         actor_cfg, rollout_cfg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        train_budget = budget(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
+                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+        log_prob_budget = budget(rollout_cfg.log_prob_use_dynamic_bsz,
+                                 rollout_cfg.log_prob_max_token_len_per_gpu,
+                                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
+        check_backend(backend, train_budget, log_prob_budget)
         settings = UpdateSettings(
             actor_cfg.ppo_mini_batch_size, actor_cfg.ppo_micro_batch_size_per_gpu,
             actor_cfg.ppo_epochs, actor_cfg.shuffle, rollout_cfg.n, backend.dp_size,
-            run_seed(cfg))
+            run_seed(cfg), token_budget=train_budget)
         self.actor = DataParallelPPOActor(
             backend, actor_cfg, heads, temperature=rollout_cfg.temperature,
             log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
-            settings=settings,
+            log_prob_budget=log_prob_budget, settings=settings,
             lr_scheduler=initial_scheduler(backend.optimizer, actor_cfg.optim,
                                            planned_steps(cfg, actor_cfg.optim)))
         super().__init__(backend, self.actor.updater, actor_cfg.optim, actor_cfg.checkpoint)

@@ -16,6 +16,7 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import REF_LOG_PROB
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.dynamic_batch import budget, check_backend
 from siirl.params import SiiRLArguments
 
 
@@ -49,10 +50,14 @@ class ReferenceEngine:
         self.module = backend.module if backend is not None else None
         self.actor = None
         if backend is not None:
+            ref = cfg.actor_rollout_ref.ref
+            limit = budget(ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+                           "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+            check_backend(backend, limit)
             self.actor = DataParallelPPOActor(
                 backend, cfg.actor_rollout_ref.actor, heads,
                 temperature=cfg.actor_rollout_ref.rollout.temperature,
-                log_prob_micro_batch_size=reference_micro_batch(cfg))
+                log_prob_micro_batch_size=reference_micro_batch(cfg), log_prob_budget=limit)
 
     def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
         if not self.enabled:

@@ -24,6 +24,7 @@ import torch
 from siirl.data_coordinator.protocol import split
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dp_sum
+from siirl.engine.common.dynamic_batch import Micro, TokenBudget, count, token_plan
 from siirl.errors import ConfigError
 
 
@@ -47,6 +48,7 @@ class UpdateSettings:
     world_size: int = 1  # data-parallel size
     seed: int = 0
     key_prefix: str = ""  # where the keys live, for messages: "" (actor) or "critic."
+    token_budget: Optional[TokenBudget] = None  # use_dynamic_bsz: micro-batches by tokens
 
     def __post_init__(self) -> None:
         self.mini_batch_prompts, self.epochs = int(self.mini_batch_prompts), int(self.epochs)
@@ -70,15 +72,13 @@ class UpdateSettings:
     def micro_rows(self) -> int:
         mini = self.mini_batch_rows()
         micro = self.micro_batch_rows or mini
+        if self.token_budget is not None:  # micro-batches are cut by tokens
+            return micro
         if mini % micro:
             what = "critic " if self.key_prefix else ""
             raise ConfigError(f"the per-rank {what}mini-batch ({mini} rows) must be a multiple "
                               f"of {self.key_prefix}ppo_micro_batch_size_per_gpu={micro}")
         return micro
-
-
-def num_micro_batches(rows: int, micro: int) -> int:
-    return max(1, math.ceil(rows / micro))
 
 
 class PPOUpdater:
@@ -125,14 +125,16 @@ class PPOUpdater:
         metrics[f"{self.prefix}/lr"] = lr
         return metrics
 
-    def _step(self, mini_batch: Any, micro: int, head: Head, loss: MiniBatchLoss,
+    def _step(self, mini_batch: Any, micro: Micro, head: Head, loss: MiniBatchLoss,
               stats: Dict[str, List[float]]) -> bool:
         """Accumulate over micro-batches, clip, step; False if the step was skipped."""
         backend = self.backend
         mini_batch = mini_batch.to(backend.device)
         totals: Dict[str, float] = defaultdict(float)
-        loss_fn = loss.bind(mini_batch, num_micro_batches(mini_batch.batch_size[0], micro),
-                            totals)
+        if self.settings.token_budget is not None:
+            micro = token_plan(mini_batch, self.settings.token_budget, backend.dp_group,
+                               backend.dp_size)
+        loss_fn = loss.bind(mini_batch, count(mini_batch.batch_size[0], micro), totals)
         backend.zero_grad()
         backend.forward_backward_batch(mini_batch, micro, head, loss_fn)
         for key, value in totals.items():
@@ -189,10 +191,14 @@ class UpdatingRole:
 
 
 def forward_rows(backend: TrainBackend, data: Any, micro_rows: Optional[int],
-                 head: Head) -> Dict[str, torch.Tensor]:
-    """The head's outputs for every row of ``data`` (no gradients), on the CPU."""
+                 head: Head, token_budget: Optional[TokenBudget] = None
+                 ) -> Dict[str, torch.Tensor]:
+    """The head's outputs for every row of ``data`` (no gradients), on the CPU; with a
+    ``token_budget`` (dynamic batch size) in micro-batches cut by tokens."""
     rows = data.batch_size[0]
+    micro: Micro = int(micro_rows or rows or 1)
+    if token_budget is not None:
+        micro = token_plan(data, token_budget, backend.dp_group, backend.dp_size)
     backend.module.eval()
     with torch.no_grad():
-        return backend.forward_backward_batch(data, int(micro_rows or rows or 1), head,
-                                              forward_only=True)
+        return backend.forward_backward_batch(data, micro, head, forward_only=True)

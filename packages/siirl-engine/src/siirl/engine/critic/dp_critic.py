@@ -28,6 +28,7 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dist_active, require
+from siirl.engine.common.dynamic_batch import TokenBudget
 from siirl.engine.common.ppo_update import (
     PPOUpdater,
     UpdateSettings,
@@ -88,13 +89,15 @@ class DataParallelPPOCritic(UpdatingRole):
 
     def __init__(self, backend: TrainBackend, cfg: CriticArguments, heads: ValueHeads,
                  settings: UpdateSettings, *, lr_scheduler: Any = None,
-                 forward_micro_batch_size: Optional[int] = None):
+                 forward_micro_batch_size: Optional[int] = None,
+                 forward_budget: Optional[TokenBudget] = None):
         super().__init__(backend, PPOUpdater(backend, settings, "critic", lr_scheduler))
         self.config = cfg
         self.heads = heads
         self.forward_micro_batch_size = (forward_micro_batch_size
                                          or cfg.forward_micro_batch_size_per_gpu
                                          or cfg.ppo_micro_batch_size_per_gpu)
+        self.forward_budget = forward_budget  # dynamic batch size of the value pass
 
     def compute_values(self, batch: Any) -> torch.Tensor:
         """Values ``[B, R]`` of the batch's response tokens, zero where ``response_mask``
@@ -102,7 +105,8 @@ class DataParallelPPOCritic(UpdatingRole):
         require(batch, FORWARD_KEYS, "compute_values")
         data = batch.select(*FORWARD_KEYS)
         head = self.heads(data[RESPONSES].shape[-1])
-        values = forward_rows(self.backend, data, self.forward_micro_batch_size, head)["values"]
+        values = forward_rows(self.backend, data, self.forward_micro_batch_size, head,
+                              self.forward_budget)["values"]
         if RESPONSE_MASK in batch.keys():
             values = values * batch[RESPONSE_MASK].to(values.dtype)
         return values

@@ -11,6 +11,7 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import RESPONSE_MASK, VALUES
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
+from siirl.engine.common.dynamic_batch import budget, check_backend
 from siirl.engine.common.ppo_update import UpdateSettings
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.critic.dp_critic import DataParallelPPOCritic, ValueHeads
@@ -22,13 +23,19 @@ class CriticEngine(TrainedEngine):
 
     def __init__(self, backend: TrainBackend, cfg: SiiRLArguments, heads: ValueHeads):
         critic_cfg = cfg.critic
+        train_budget = budget(critic_cfg.use_dynamic_bsz, critic_cfg.ppo_max_token_len_per_gpu,
+                              "critic.ppo_max_token_len_per_gpu")
+        forward_budget = budget(critic_cfg.use_dynamic_bsz,
+                                critic_cfg.forward_max_token_len_per_gpu,
+                                "critic.forward_max_token_len_per_gpu")
+        check_backend(backend, train_budget, forward_budget)
         settings = UpdateSettings(
             critic_cfg.ppo_mini_batch_size, critic_cfg.ppo_micro_batch_size_per_gpu,
             critic_cfg.ppo_epochs, critic_cfg.shuffle,
             critic_cfg.rollout_n or cfg.actor_rollout_ref.rollout.n, backend.dp_size,
-            run_seed(cfg), key_prefix="critic.")
+            run_seed(cfg), key_prefix="critic.", token_budget=train_budget)
         self.critic = DataParallelPPOCritic(
-            backend, critic_cfg, heads, settings,
+            backend, critic_cfg, heads, settings, forward_budget=forward_budget,
             lr_scheduler=initial_scheduler(backend.optimizer, critic_cfg.optim,
                                            planned_steps(cfg, critic_cfg.optim)))
         super().__init__(backend, self.critic.updater, critic_cfg.optim, critic_cfg.checkpoint)

@@ -14,10 +14,10 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss, concat_outputs
 from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
+from siirl.engine.common.dynamic_batch import micro_batches
 from siirl.engine.common.replicas import average_gradients, broadcast_parameters
 from siirl.engine.common.weight_sync import Bucket, buckets_of
 from siirl.engine.fsdp.sharding import fix_architectures
@@ -52,6 +52,8 @@ class FSDPBackend:
     ``replicated``: the module is whole on every rank of ``dp_group``; its weights are
     taken from the group's first rank now and gradients averaged before each step."""
 
+    token_plans = True  # micro-batches may be cut by tokens (dynamic batch size)
+
     def __init__(self, module: torch.nn.Module, optimizer: Any = None, *, dp_rank: int = 0,
                  dp_size: int = 1, dp_group: Any = None, sharded: bool = False,
                  replicated: bool = False,
@@ -82,7 +84,8 @@ class FSDPBackend:
                                forward_only: bool = False) -> Optional[Dict[str, torch.Tensor]]:
         device = self.device
         parts = []
-        for micro in split(data, micro_rows):
+        micros, restore = micro_batches(data, micro_rows)  # rows, or a token plan
+        for micro in micros:
             micro = micro.to(device)
             with self._autocast():
                 outputs = head.fn(self.module, micro)
@@ -92,7 +95,12 @@ class FSDPBackend:
                 parts.append(outputs)
             else:
                 loss_fn(micro, outputs).backward()
-        return concat_outputs(parts, head.outputs) if forward_only else None
+        if not forward_only:
+            return None
+        outputs = concat_outputs(parts, head.outputs)
+        if restore is not None:  # a token plan's micro-batches back into row order
+            outputs = {name: value[restore] for name, value in outputs.items()}
+        return outputs
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
