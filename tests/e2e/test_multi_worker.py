@@ -191,3 +191,16 @@ def test_killing_a_worker_stops_the_job_within_60s(tmp_path):
     assert time.monotonic() - killed_at < 60
     assert proc.returncode != 0
     assert f"worker rank 1 (pid {victim['pid']}" in err and "died" in err, err[-3000:]
+
+
+def test_dynamic_batch_size_on_two_workers_trains_like_one_fixed(runs, tmp_path):
+    """use_dynamic_bsz on 2 workers: each rank cuts its micro-batches by tokens and both
+    run the larger count (FSDP gathers in lockstep); the first step is the 1-worker run's."""
+    one, _, _ = runs
+    train(tmp_path, *TWO, "trainer.total_training_steps=1", "trainer.save_freq=-1",
+          "trainer.test_freq=-1", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=64",
+          "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=64")
+    assert_close(steps(one)[("train", 1)], steps(tmp_path)[("train", 1)],
+                 ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
