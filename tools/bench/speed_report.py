@@ -176,9 +176,26 @@ def scaling_section() -> list:
                   lines, [_source(result)])
 
 
+def cluster_traffic_section() -> list:
+    result = _load("cluster_traffic")
+    if not result:
+        return []
+    lines = [f"| {name} | {r['databuffer_bytes_sent'] / 1024:.1f} KB | "
+             f"{r['databuffer_shared_bytes'] / 1024:.1f} KB | "
+             f"{r['weight_sync_bytes'] / 2**20:.2f} MB | "
+             f"{(r['loopback_bytes_per_step'] or 0) / 2**20:.2f} MB |"
+             for name, r in result["rows"].items()]
+    return _table("**Traffic per step across nodes** (`tools/bench/cluster_traffic.py`: the "
+                  "same 2-worker GRPO job, rollout at tensor-parallel size 2, on one Ray node "
+                  "and on two Ray nodes of this machine; means over "
+                  f"{result['steps']} steps; see docs/cluster.md):",
+                  ["run", "DataBuffer over gloo", "DataBuffer through shared memory",
+                   "weight sync", "all loopback traffic"], lines, [_source(result)])
+
+
 SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
                   databuffer_section,
-                  scaling_section]
+                  scaling_section, cluster_traffic_section]
 
 
 def render(sections: list = SECTIONS) -> str:

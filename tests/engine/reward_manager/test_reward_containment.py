@@ -225,6 +225,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's fore
 sys.path.insert(0, {here!r})
 from test_reward_containment import build, reward_batch
 manager = build({name!r}, {path!r})
+open({marker!r}, "w").close()  # built: the Ctrl-C comes while scoring, not while starting
 try:
     manager.compute_reward(reward_batch(["hang"] * 4, ["?"] * 4))
 except KeyboardInterrupt:
@@ -234,13 +235,15 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("name", ["naive", "parallel"])
-def test_ctrl_c_reaches_only_the_trainer_and_stops_the_workers(reward_path, name):
-    script = INTERRUPTED.format(here=os.path.dirname(__file__), name=name, path=reward_path)
+def test_ctrl_c_reaches_only_the_trainer_and_stops_the_workers(reward_path, name, tmp_path):
+    marker = str(tmp_path / "built")
+    script = INTERRUPTED.format(here=os.path.dirname(__file__), name=name, path=reward_path,
+                                marker=marker)
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 60
     workers = []
-    while len(workers) < (2 if name == "parallel" else 1):  # scoring has begun
+    while len(workers) < (2 if name == "parallel" else 1) or not os.path.exists(marker):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
