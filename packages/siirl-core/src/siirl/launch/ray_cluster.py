@@ -19,10 +19,13 @@ fast paths (shared memory, NVLink) while the groups spread over the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 from typing import Any, List
 
@@ -163,8 +166,25 @@ def start_ray(config: Any, num_workers: int) -> bool:
     # one logical CPU per worker even on a small machine (CPU workers, tests); GPUs are
     # detected by Ray itself
     kwargs["num_cpus"] = max(num_workers, os.cpu_count() or 1)
-    ray.init(**kwargs)
+    with _children_ignore_ctrl_c():
+        ray.init(**kwargs)
     return True
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c():
+    """Ctrl-C goes to the terminal's whole foreground process group, which holds the local
+    cluster's processes (GCS, raylet) too. Started with SIGINT ignored (inherited across
+    exec), they stay up for the driver's clean-up (kill the workers, stop the cluster),
+    which otherwise races their death and can block on the dead GCS."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _fits(node: dict, bundle: dict, count: int) -> bool:
