@@ -62,3 +62,32 @@ def test_bucket_size_comes_from_the_rollout_config():
         "update_weights_bucket_megabytes": 8}}})
     assert bucket_bytes_of(config) == 8 << 20
     assert bucket_bytes_of(OmegaConf.create({})) == BUCKET_BYTES
+
+
+def test_a_model_update_frequency_syncs_every_nth_update_only():
+    """ROLL's model_update_frequency=3: the rollout takes the weights of updates 3, 6, ...
+    (and any time it holds none)."""
+    actor, rollout = Actor(), Rollout()
+    sync = RolloutWeightSync(Engines(actor=actor, rollout=rollout), frequency=3)
+    synced = []
+    for update in range(1, 8):
+        actor.weight_version = update
+        if sync.needed():
+            synced.append(sync.run()["weight_sync/version"])
+    assert synced == [3.0, 6.0] and rollout.loads == 2
+    rollout.needs_weights = True  # e.g. a restarted engine: synced at once
+    assert sync.needed()
+
+
+def test_the_frequency_comes_from_the_rollout_config_and_needs_an_engine_rollout():
+    import pytest
+
+    from siirl.dag_worker.weight_sync import update_frequency_of
+    from siirl.errors import ConfigError
+    from siirl.params.parser import parse_config
+
+    config = parse_config(["actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.rollout.model_update_frequency=4"])
+    assert update_frequency_of(config) == 4 and update_frequency_of(parse_config([])) == 1
+    with pytest.raises(ConfigError, match="model_update_frequency"):
+        parse_config(["actor_rollout_ref.rollout.model_update_frequency=4"])  # hf

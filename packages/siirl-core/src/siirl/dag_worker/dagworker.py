@@ -28,7 +28,7 @@ from siirl.dag_worker.dag_utils import merge_parent_batches
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
 from siirl.dag_worker.metrics_collector import MetricsCollector
 from siirl.dag_worker.node_executor import NodeExecutor
-from siirl.dag_worker.weight_sync import RolloutWeightSync, bucket_bytes_of
+from siirl.dag_worker.weight_sync import RolloutWeightSync, bucket_bytes_of, update_frequency_of
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     ENV_SCORES,
@@ -71,7 +71,8 @@ class DAGWorker:
         self.agents = AgentGroups(taskgraph, config, worker=self)
         self.agent_group = self.agents.ids[0]  # whose engines ``engines`` gives now
         self._weight_syncs = {g: RolloutWeightSync(self.agents.engines[g],
-                                                   bucket_bytes_of(self.agents.configs[g]))
+                                                   bucket_bytes_of(self.agents.configs[g]),
+                                                   update_frequency_of(self.agents.configs[g]))
                               for g in self.agents.ids}
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()

@@ -29,10 +29,23 @@ def bucket_bytes_of(config: Any) -> int:
     return int(megabytes) << 20 if megabytes else BUCKET_BYTES
 
 
+def update_frequency_of(config: Any) -> int:
+    """``rollout.model_update_frequency`` (1 when unset)."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.model_update_frequency",
+                             default=None) if OmegaConf.is_config(config) else None
+    return max(1, int(value or 1))
+
+
 class RolloutWeightSync:
-    def __init__(self, engines: Any, bucket_bytes: int = BUCKET_BYTES):
+    """``frequency``: ROLL's model update frequency, the rollout takes the actor's weights
+    when the actor's update count is a multiple of it (and whenever it holds none)."""
+
+    def __init__(self, engines: Any, bucket_bytes: int = BUCKET_BYTES, frequency: int = 1):
         self.engines = engines
         self.bucket_bytes = bucket_bytes
+        self.frequency = max(1, int(frequency))
         self.synced_version = 0  # engines start from the same loaded weights
 
     def _pair(self):
@@ -47,8 +60,9 @@ class RolloutWeightSync:
         pair = self._pair()
         if pair is None:
             return False
+        version = getattr(pair[0], "weight_version", 0)
         return (getattr(pair[1], "needs_weights", False)
-                or getattr(pair[0], "weight_version", 0) != self.synced_version)
+                or (version != self.synced_version and version % self.frequency == 0))
 
     def run(self) -> Dict[str, float]:
         """Sync now; the step's metrics."""
@@ -57,5 +71,6 @@ class RolloutWeightSync:
         moved = rollout.load_weights(actor.export_weights(self.bucket_bytes))
         self.synced_version = actor.weight_version
         return {"timing_s/weight_sync": time.perf_counter() - start,
+                "weight_sync/version": float(self.synced_version),
                 "weight_sync/bytes": float(moved or 0),
                 "perf/weight_sync_mb": float(moved or 0) / (1 << 20)}

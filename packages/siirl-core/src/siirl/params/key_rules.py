@@ -318,6 +318,10 @@ RULES: Tuple[Rule, ...] = (
         "the policy-drift term belongs to CPGD's loss (algorithm.adv_estimator=cpgd, or "
         "actor_rollout_ref.actor.use_cpgd_loss=true), as in siiRL.",
         lambda config, key: not _get(config, "actor_rollout_ref.actor.use_cpgd_loss")),
+    _refused(f"{ROLLOUT}.model_update_frequency", "needs an engine rollout",
+             "the hf rollout samples with the actor's own weights, which every update "
+             "changes; a model update frequency needs rollout.name=vllm or sglang.",
+             _hf_rollout),
     _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
              "the rollouts generate data.max_response_length tokens: set that instead."),
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",

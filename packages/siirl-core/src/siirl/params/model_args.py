@@ -279,6 +279,12 @@ class RolloutArguments:
     calculate_log_probs: bool = False
     multi_stage_wake_up: bool = False
     update_weights_bucket_megabytes: int = 512
+    model_update_frequency: int = field(
+        default=1,
+        metadata={"help": "ROLL's actor_train.model_update_frequency: the rollout engine "
+                          "takes the actor's weights after every N-th update (1: every "
+                          "one); vllm and sglang rollouts (hf samples with the actor's own "
+                          "weights)."})
     engine_kwargs: dict[str, Any] = field(
         default_factory=lambda: {
             "vllm": {"swap_space": None},

@@ -100,6 +100,7 @@ RULES: Tuple[ValueRule, ...] = (
                  f"{C}.ppo_epochs", f"{C}.rollout_n", f"{R}.n", f"{R}.val_kwargs.n",
                  f"{R}.prompt_length", f"{R}.response_length", f"{R}.max_num_seqs",
                  f"{R}.max_num_batched_tokens", f"{R}.update_weights_bucket_megabytes",
+                 f"{R}.model_update_frequency",
                  "*_max_token_len_per_gpu", "*.ulysses_sequence_parallel_size",
                  "*tensor_model_parallel_size", "*.pipeline_model_parallel_size",
                  "*.context_parallel_size", "*.expert_model_parallel_size",
