@@ -71,6 +71,5 @@ class RolloutWeightSync:
         moved = rollout.load_weights(actor.export_weights(self.bucket_bytes))
         self.synced_version = actor.weight_version
         return {"timing_s/weight_sync": time.perf_counter() - start,
-                "weight_sync/version": float(self.synced_version),
                 "weight_sync/bytes": float(moved or 0),
                 "perf/weight_sync_mb": float(moved or 0) / (1 << 20)}
