@@ -16,12 +16,20 @@ from test_multi_worker import TWO, _cmd, _env
 LONG = [*TWO, "trainer.total_training_steps=500", "trainer.test_freq=-1"]
 
 
+def foreground() -> None:
+    """In the child before exec: Ctrl-C as a terminal's foreground job gets it. A test run
+    started in the background of a non-interactive shell ignores SIGINT, and an ignored
+    signal stays ignored across exec: the job would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def start(run_dir, *overrides):
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     # a session of its own, as a terminal's foreground job: Ctrl-C goes to the group
     return subprocess.Popen(_cmd(run_dir, ray_dir, [*LONG, *overrides]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=_env(), start_new_session=True)
+                            env=_env(), start_new_session=True, preexec_fn=foreground)
 
 
 def wait_for_steps(proc, run_dir: Path, count: int) -> list:

@@ -54,6 +54,10 @@ def _env() -> dict:
 
 def _preexec(case: Case):
     def setup() -> None:
+        # Ctrl-C as a terminal's foreground job gets it: a test run started in the
+        # background of a non-interactive shell ignores SIGINT, and exec keeps that
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         if case.unprivileged and os.geteuid() == 0:
             libc = ctypes.CDLL(None, use_errno=True)
             for cap in FILE_CAPS:  # gone from the bounding set: gone after exec
