@@ -29,6 +29,7 @@ import os
 import sys
 import warnings
 import zlib
+from abc import abstractmethod
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -160,17 +161,18 @@ class ArmEnv(EmbodiedEnv):
 
     # hooks ------------------------------------------------------------------------------
 
+    @abstractmethod
     def _build(self, task_id: str) -> Any:
         """A robosuite environment that can play ``task_id`` (offscreen renderer on)."""
-        raise NotImplementedError
 
     def _begin(self, task_id: str, seed: int) -> Dict[str, Any]:
         """Start an episode on ``self._sim`` (numpy.random already seeded); robosuite's
         observation dict."""
         return self._sim.reset()
 
+    @abstractmethod
     def _instruction(self, task_id: str) -> str:
-        raise NotImplementedError
+        """The English instruction of ``task_id``."""
 
     def _limit(self, task_id: str) -> int:
         return self.max_steps
