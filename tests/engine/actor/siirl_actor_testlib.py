@@ -9,6 +9,7 @@ spawned processes import this module, and a transformers import costs them secon
 from collections import namedtuple
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from siirl.data_coordinator.protocol import make_batch
@@ -17,6 +18,17 @@ from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
 from siirl.params.parser import parse_config
 
 VOCAB, PROMPT, RESPONSE = 32, 4, 5
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny tensors gain nothing from threads, and OpenMP workers spin-waiting against
+    other processes on a small machine slow these tests several-fold (autouse in each test
+    module that imports it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_llama_config():

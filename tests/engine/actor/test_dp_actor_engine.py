@@ -11,6 +11,7 @@ from siirl_actor_testlib import (
     actor_config,
     actor_engine,
     max_param_diff,
+    one_torch_thread,  # noqa: F401 (autouse fixture: one torch thread per test)
     params,
     ref_logprobs,
     rollout_batch,
@@ -27,16 +28,6 @@ from siirl.errors import ConfigError, DataError
 
 METRICS = {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
            "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/grad_norm", "actor/lr"}
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors gain nothing from threads, and OpenMP workers spin-waiting against
-    other processes on a small machine slow these tests several-fold."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _response_logprob(module, batch):

@@ -9,6 +9,7 @@ from siirl_actor_testlib import (
     actor_config,
     actor_engine,
     max_param_diff,
+    one_torch_thread,  # noqa: F401 (autouse fixture: one torch thread per test)
     params,
     rollout_batch,
     with_advantages,
@@ -21,14 +22,6 @@ from siirl.errors import ConfigError
 DYNAMIC = ["actor_rollout_ref.actor.use_dynamic_bsz=true",
            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12",
            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=12"]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_token_plan_covers_every_row_once_within_the_budget():
