@@ -18,8 +18,9 @@ class StepProfiler:
     """Decides what to trace on this worker and writes the traces."""
 
     def __init__(self, config: Any, rank: int):
-        cfg = select(config, "profiler") or {}
-        get = (lambda k, d=None: select(cfg, k, d)) if cfg else (lambda k, d=None: d)
+        def get(key: str, default: Any = None) -> Any:
+            return select(config, f"profiler.{key}", default)
+
         self.rank = int(rank)
         ranks = [int(r) for r in (get("ranks") or [])]
         self.on = bool(get("enable", False)) and (bool(get("all_ranks", False))
