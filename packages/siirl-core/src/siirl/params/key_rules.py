@@ -1,21 +1,35 @@
 """The table of configuration keys this release does not read: each rule names keys (dotted,
 or fnmatch globs), their class (not applying / refused), a short tag for ``--help`` and why,
 with what works instead. ``siirl.params.key_support`` applies it; keys no rule matches are
-read. A rule may hold only under a condition (``when``); where none holds the key is read.
+read. A rule may hold only under a condition (``when``, from ``key_conditions``); where
+none holds the key is read.
 When an issue implements a key, it deletes the key's rule here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from omegaconf import OmegaConf
+from siirl.params.key_conditions import (
+    ACTOR,
+    REF,
+    ROLLOUT,
+    Condition,
+    budget_unused,
+    builtin_workflow_is_not,
+    critic_disagrees,
+    custom_workflow,
+    differs_from_actor,
+    engine_rollout,
+    get,
+    hf_rollout,
+    no_dynamic_sampling,
+    no_dynamic_sampling_possible,
+    strategy_is,
+)
 
 NOT_APPLYING, REFUSED = "not applying", "refused"
-ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
-ROLLOUT = "actor_rollout_ref.rollout"
-Condition = Callable[[Any, str], bool]
 
 
 def always(config: Any, key: str) -> bool:
@@ -41,78 +55,6 @@ def _refused(patterns, tag: str, why: str, when: Optional[Condition] = None) -> 
     return Rule(patterns, REFUSED, tag, why, *([when] if when else []))
 
 
-# ---- conditions ------------------------------------------------------------------------
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(config, key, default=default)
-
-
-def _hf_rollout(config: Any, key: str) -> bool:
-    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
-
-
-def _engine_rollout(config: Any, key: str) -> bool:
-    return str(_get(config, f"{ROLLOUT}.name", "hf")).lower() in ("vllm", "sglang")
-
-
-def _strategy_is(strategy_key: str, megatron: bool) -> Condition:
-    return lambda config, key: (str(_get(config, strategy_key)) == "megatron") == megatron
-
-
-def _custom_workflow(config: Any) -> bool:
-    return any(_get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
-                                                 "pipeline"))
-
-
-def _builtin_workflow_is_not(kind: str) -> Condition:
-    return lambda config, key: not _custom_workflow(config) and \
-        str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() != kind
-
-
-def _no_dynamic_sampling_possible(config: Any, key: str) -> bool:
-    # the DAPO workflow runs it; so does the DEFAULT workflow with group advantages once
-    # filter_groups.enable is set, as in verl (siirl.execution.dag.task_loader)
-    workflow = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper()
-    group_advantages = str(_get(config, "algorithm.adv_estimator", "grpo")).lower() != "gae"
-    return not _custom_workflow(config) and workflow != "DAPO" and \
-        not (workflow == "DEFAULT" and group_advantages)
-
-
-def _no_dynamic_sampling(config: Any, key: str) -> bool:
-    if key == "algorithm.filter_groups.enable":  # setting it is what turns it on
-        return _no_dynamic_sampling_possible(config, key)
-    return _no_dynamic_sampling_possible(config, key) or (
-        not _custom_workflow(config) and
-        str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() != "DAPO" and
-        not _get(config, "algorithm.filter_groups.enable"))
-
-
-_BUDGET_SWITCH = {
-    f"{ACTOR}.ppo_max_token_len_per_gpu": f"{ACTOR}.use_dynamic_bsz",
-    f"{REF}.log_prob_max_token_len_per_gpu": f"{REF}.log_prob_use_dynamic_bsz",
-    f"{ROLLOUT}.log_prob_max_token_len_per_gpu": f"{ROLLOUT}.log_prob_use_dynamic_bsz",
-    "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
-    "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
-}
-
-
-def _budget_unused(config: Any, key: str) -> bool:
-    return not _get(config, _BUDGET_SWITCH[key])
-
-
-def _critic_disagrees(config: Any, key: str) -> bool:
-    # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT or the
-    # AGENTIC workflow)
-    runs = str(_get(config, "algorithm.workflow_type", "DEFAULT")).upper() in (
-        "DEFAULT", "AGENTIC") and \
-        str(_get(config, "algorithm.adv_estimator", "grpo")).lower() == "gae"
-    return not _custom_workflow(config) and bool(_get(config, key)) != runs
-
-
-def _differs_from_actor(config: Any, key: str) -> bool:
-    return _get(config, key) != _get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
-
-
 # ---- the table ---------------------------------------------------------------------------
 
 _OFFLOAD = ("CPU offload is not implemented yet (issue 19); parameters and optimizer state "
@@ -126,7 +68,7 @@ def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rul
     return [
         _na(f"{prefix}.*", "no effect with strategy=megatron",
             f"FSDP settings do not apply when {strategy_key}=megatron.",
-            _strategy_is(strategy_key, megatron=True)),
+            strategy_is(strategy_key, megatron=True)),
         _refused(offload + ((f"{prefix}.optimizer_offload",) if has_optimizer else ()),
                  "offload lands with issue 19", _OFFLOAD),
         _na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
@@ -141,12 +83,12 @@ def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rul
 def _megatron_rules(prefix: str, strategy_key: str, role: str) -> List[Rule]:
     rules = [_na(f"{prefix}.*", "no effect unless strategy=megatron",
                  f"megatron settings apply only when {strategy_key}=megatron.",
-                 _strategy_is(strategy_key, megatron=False))]
+                 strategy_is(strategy_key, megatron=False))]
     if role != "actor":
         rules += [
             _refused(tuple(f"{prefix}.{k}" for k in _MIRRORED), "set it under actor.megatron",
                      f"the {role} runs in the actor's megatron parallel state: set the same "
-                     f"key under {ACTOR}.megatron instead.", _differs_from_actor),
+                     f"key under {ACTOR}.megatron instead.", differs_from_actor),
             _na(f"{prefix}.use_distributed_optimizer", "no effect for this role",
                 f"the {role} does not use megatron's distributed optimizer."),
         ]
@@ -197,13 +139,13 @@ RULES: Tuple[Rule, ...] = (
              "advantages: it drops groups whose rewards do not vary, which a critic's "
              "advantages (gae) and the AGENTIC/EMBODIED workflows do not use. Use a group "
              "estimator (grpo, ...) under the DEFAULT or DAPO workflow.",
-             _no_dynamic_sampling_possible),
+             no_dynamic_sampling_possible),
     _na("algorithm.filter_groups.*", "no effect without dynamic sampling",
         "filter_groups is read by the DAPO workflow (algorithm.workflow_type=DAPO, or "
-        "algorithm.filter_groups.enable=true with group advantages).", _no_dynamic_sampling),
+        "algorithm.filter_groups.enable=true with group advantages).", no_dynamic_sampling),
     _na("algorithm.embodied_sampling.*", "no effect outside the EMBODIED workflow",
         "embodied_sampling is read by the EMBODIED workflow (algorithm.workflow_type=EMBODIED).",
-        _builtin_workflow_is_not("EMBODIED")),
+        builtin_workflow_is_not("EMBODIED")),
     # -- data
     _refused("data.tokenizer", "prompts use the model's tokenizer",
              "prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model.path); "
@@ -220,8 +162,8 @@ RULES: Tuple[Rule, ...] = (
              "data.gen_batch_size prompts make one generation round of DAPO's dynamic "
              "sampling (algorithm.filter_groups.enable=true); without it every step "
              "generates data.train_batch_size prompts: set that instead.",
-             lambda config, key: _no_dynamic_sampling(config, key) and
-             _get(config, key) != _get(config, "data.train_batch_size")),
+             lambda config, key: no_dynamic_sampling(config, key) and
+             get(config, key) != get(config, "data.train_batch_size")),
     _na("data.return_raw_chat", "no effect: the raw chat is always kept",
         "every row keeps its chat messages (raw_prompt) whatever this says; multi-turn and "
         "agentic rollouts read them from there."),
@@ -273,15 +215,15 @@ RULES: Tuple[Rule, ...] = (
               f"{ROLLOUT}.log_prob_use_dynamic_bsz"), "not with the megatron strategy yet",
              "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
              "pipeline schedule needs micro-batches of equal rows.",
-             _strategy_is(f"{ACTOR}.strategy", True)),
+             strategy_is(f"{ACTOR}.strategy", True)),
     _refused("critic.use_dynamic_bsz", "not with the megatron strategy yet",
              "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
              "pipeline schedule needs micro-batches of equal rows.",
-             _strategy_is("critic.strategy", True)),
+             strategy_is("critic.strategy", True)),
     _na((f"{ACTOR}.ppo_max_token_len_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
          f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
          "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
-        "token budgets only act with the matching use_dynamic_bsz=true.", _budget_unused),
+        "token budgets only act with the matching use_dynamic_bsz=true.", budget_unused),
     _refused((f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
               "critic.ulysses_sequence_parallel_size"), "Ulysses SP lands with issue 19",
              "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1 "
@@ -303,34 +245,34 @@ RULES: Tuple[Rule, ...] = (
     # -- rollout
     _na(_VLLM_KNOBS, "no effect with the hf rollout",
         "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "
-        "(rollout.name=vllm or sglang uses them).", _hf_rollout),
+        "(rollout.name=vllm or sglang uses them).", hf_rollout),
     _na(tuple(f"{ROLLOUT}.{k}" for k in ("chat_scheduler", "layered_summon",
                                          "multi_stage_wake_up")),
         "no effect with the vllm and sglang rollouts",
         "the vllm and sglang rollouts run one engine per worker: no chat scheduler, and its "
-        "weights are loaded in place in one pass.", _engine_rollout),
+        "weights are loaded in place in one pass.", engine_rollout),
     _na(f"{ROLLOUT}.dtype", "no effect with the hf rollout",
-        "the hf rollout samples with the actor's module, in the actor's dtype.", _hf_rollout),
+        "the hf rollout samples with the actor's module, in the actor's dtype.", hf_rollout),
     _na(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
         "the hf rollout takes prompts as the dataloader made them (data.max_prompt_length).",
-        _hf_rollout),
+        hf_rollout),
     _na("actor_rollout_ref.actor.policy_drift_coeff", "no effect without the CPGD loss",
         "the policy-drift term belongs to CPGD's loss (algorithm.adv_estimator=cpgd, or "
         "actor_rollout_ref.actor.use_cpgd_loss=true), as in siiRL.",
-        lambda config, key: not _get(config, "actor_rollout_ref.actor.use_cpgd_loss")),
+        lambda config, key: not get(config, "actor_rollout_ref.actor.use_cpgd_loss")),
     _refused(f"{ROLLOUT}.model_update_frequency", "needs an engine rollout",
              "the hf rollout samples with the actor's own weights, which every update "
              "changes; a model update frequency needs rollout.name=vllm or sglang.",
-             _hf_rollout),
+             hf_rollout),
     _refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
              "the rollouts generate data.max_response_length tokens: set that instead."),
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",
              "truncated importance sampling weighs the trainer's log-probs against those of "
              "the engine that sampled; the hf rollout samples with the trainer's own module. "
-             "Use it with rollout.name=vllm or sglang.", _hf_rollout),
+             "Use it with rollout.name=vllm or sglang.", hf_rollout),
     _refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs policy_loss.loss_mode=vanilla",
              "truncated importance sampling is applied by the vanilla PPO loss only (as in "
-             "verl).", lambda config, key: str(_get(
+             "verl).", lambda config, key: str(get(
                  config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
              != "vanilla"),
     _refused(f"{ROLLOUT}.use_fire_sampling", "FIRE sampling is not implemented",
@@ -338,7 +280,7 @@ RULES: Tuple[Rule, ...] = (
              "and top_p."),
     _na(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
         "the hf rollout samples with the training module itself, so its log-probs are the "
-        "old_log_prob node's.", _hf_rollout),
+        "old_log_prob node's.", hf_rollout),
     _na((f"{ROLLOUT}.multi_turn.max_turns", f"{ROLLOUT}.multi_turn.use_inference_chat_template",
          f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode"),
         "no effect: a conversation is one token list",
@@ -351,16 +293,16 @@ RULES: Tuple[Rule, ...] = (
             "tool_response_truncate_side", "format")), "no effect: multi-turn is off",
         "multi_turn settings only act with actor_rollout_ref.rollout.multi_turn.enable=true "
         "(max_assistant_turns also in a multi-agent workflow file).",
-        lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False) and not (
-            key.endswith("max_assistant_turns") and _custom_workflow(config))),
+        lambda config, key: not get(config, f"{ROLLOUT}.multi_turn.enable", False) and not (
+            key.endswith("max_assistant_turns") and custom_workflow(config))),
     # -- critic
     _refused("critic.enable", "the workflow decides whether a critic runs",
              "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "
              "with workflow_type=DEFAULT (PPO): choose the algorithm instead.",
-             _critic_disagrees),
+             critic_disagrees),
     _na("critic.enable", "no effect with a custom workflow",
         "a custom workflow's nodes decide whether a critic runs.",
-        lambda config, key: _custom_workflow(config)),
+        lambda config, key: custom_workflow(config)),
     _na("critic.model.tokenizer_path", "no effect: the critic reads the actor's tokens",
         "the critic scores the actor's token ids; no second tokenizer is loaded."),
     # -- reward model
@@ -372,11 +314,11 @@ RULES: Tuple[Rule, ...] = (
              "sandbox fusion runs the python tool of multi-turn rollouts "
              "(actor_rollout_ref.rollout.multi_turn.enable=true with a tool config); rewards "
              "do not use it: run code checks in your own custom_reward_function.",
-             lambda config, key: not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
+             lambda config, key: not get(config, f"{ROLLOUT}.multi_turn.enable", False)),
     _na("reward_model.sandbox_fusion.*", "no effect without sandbox_fusion.url",
         "it only acts with reward_model.sandbox_fusion.url, for the multi-turn python tool.",
-        lambda config, key: not _get(config, "reward_model.sandbox_fusion.url") or
-        not _get(config, f"{ROLLOUT}.multi_turn.enable", False)),
+        lambda config, key: not get(config, "reward_model.sandbox_fusion.url") or
+        not get(config, f"{ROLLOUT}.multi_turn.enable", False)),
     _refused("actor_rollout_ref.embodied.*", "the embodied rollout is not built yet",
              "siiRL's embodied settings (VLA action tokens, LIBERO environments) are parsed "
              "but nothing runs a vision-language-action policy yet (issue 18): the embodied "
@@ -384,7 +326,7 @@ RULES: Tuple[Rule, ...] = (
     _na("reward_model.reward_kwargs", "read by the embodied reward manager only",
         "reward_model.reward_kwargs are the embodied manager's keywords (reward_coef); the "
         "other managers take custom_reward_function.reward_kwargs.",
-        lambda config, key: _get(config, "reward_model.reward_manager") != "embodied"),
+        lambda config, key: get(config, "reward_model.reward_manager") != "embodied"),
     _na("reward_model.launch_reward_fn_async", "no effect: rewards are scored in the step",
         "rewards are scored inside the step; reward_model.reward_manager=parallel scores in "
         "a process pool."),

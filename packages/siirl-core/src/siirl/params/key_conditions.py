@@ -1,0 +1,83 @@
+"""The conditions under which a rule of ``siirl.params.key_rules`` holds: each takes the
+configuration and the key, and says whether the key is ignored there (a vLLM knob under
+the hf rollout, a dynamic-sampling key outside dynamic sampling, ...)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+Condition = Callable[[Any, str], bool]
+
+
+def get(config: Any, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(config, key, default=default)
+
+
+def hf_rollout(config: Any, key: str) -> bool:
+    return str(get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
+
+
+def engine_rollout(config: Any, key: str) -> bool:
+    return str(get(config, f"{ROLLOUT}.name", "hf")).lower() in ("vllm", "sglang")
+
+
+def strategy_is(strategy_key: str, megatron: bool) -> Condition:
+    return lambda config, key: (str(get(config, strategy_key)) == "megatron") == megatron
+
+
+def custom_workflow(config: Any) -> bool:
+    return any(get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
+                                                 "pipeline"))
+
+
+def builtin_workflow_is_not(kind: str) -> Condition:
+    return lambda config, key: not custom_workflow(config) and \
+        str(get(config, "algorithm.workflow_type", "DEFAULT")).upper() != kind
+
+
+def no_dynamic_sampling_possible(config: Any, key: str) -> bool:
+    # the DAPO workflow runs it; so does the DEFAULT workflow with group advantages once
+    # filter_groups.enable is set, as in verl (siirl.execution.dag.task_loader)
+    workflow = str(get(config, "algorithm.workflow_type", "DEFAULT")).upper()
+    group_advantages = str(get(config, "algorithm.adv_estimator", "grpo")).lower() != "gae"
+    return not custom_workflow(config) and workflow != "DAPO" and \
+        not (workflow == "DEFAULT" and group_advantages)
+
+
+def no_dynamic_sampling(config: Any, key: str) -> bool:
+    if key == "algorithm.filter_groups.enable":  # setting it is what turns it on
+        return no_dynamic_sampling_possible(config, key)
+    return no_dynamic_sampling_possible(config, key) or (
+        not custom_workflow(config) and
+        str(get(config, "algorithm.workflow_type", "DEFAULT")).upper() != "DAPO" and
+        not get(config, "algorithm.filter_groups.enable"))
+
+
+BUDGET_SWITCH = {
+    f"{ACTOR}.ppo_max_token_len_per_gpu": f"{ACTOR}.use_dynamic_bsz",
+    f"{REF}.log_prob_max_token_len_per_gpu": f"{REF}.log_prob_use_dynamic_bsz",
+    f"{ROLLOUT}.log_prob_max_token_len_per_gpu": f"{ROLLOUT}.log_prob_use_dynamic_bsz",
+    "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+    "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+}
+
+
+def budget_unused(config: Any, key: str) -> bool:
+    return not get(config, BUDGET_SWITCH[key])
+
+
+def critic_disagrees(config: Any, key: str) -> bool:
+    # the built-in workflows run a critic exactly for PPO (gae under the DEFAULT or the
+    # AGENTIC workflow)
+    runs = str(get(config, "algorithm.workflow_type", "DEFAULT")).upper() in (
+        "DEFAULT", "AGENTIC") and \
+        str(get(config, "algorithm.adv_estimator", "grpo")).lower() == "gae"
+    return not custom_workflow(config) and bool(get(config, key)) != runs
+
+
+def differs_from_actor(config: Any, key: str) -> bool:
+    return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
