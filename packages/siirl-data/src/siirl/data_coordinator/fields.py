@@ -60,3 +60,9 @@ COMPLETE = "complete"  # 0/1 per episode: task success (embodied sampling's defa
 ENV_SCORES = "env_scores"  # float32 [B]: the environment's episode score (multi-agent rollout)
 TRAJECTORY_EMBEDDING = "trajectory_embedding"  # float32 [B, D]: episode video embedding
 TASK_ID = "task_id"  # non-tensor str: the embodied task an episode plays
+# a vision-language-action policy's inputs besides the prompt ids: in a rollout batch one
+# observation per row, in an episode row one per chunk step ([B, T, ...], zeros past its end)
+PIXEL_VALUES = "pixel_values"  # uint8 [B, H, W, 3] or [B, T, H, W, 3]: camera images
+PROPRIO = "proprio"  # float32 [B, P] or [B, T, P]: the robot's own state
+# the model inputs a rollout or log-prob pass hands to the model when a batch has them
+MODEL_EXTRA_INPUTS = (PIXEL_VALUES, PROPRIO)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from siirl.engine.actor.action_tokens import ActionTokenizer
+from siirl.environment.embodied.action_tokens import ActionTokenizer
 from siirl.errors import ConfigError
 
 
