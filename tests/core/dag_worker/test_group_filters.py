@@ -73,13 +73,22 @@ def _embodied_batch():
                 1, 1, 0, 0]  # 0.5: kept
     uids = [f"t{i // 4}" for i in range(16)]
     return make_batch({"complete": torch.tensor(complete, dtype=torch.bool),
-                       "row": torch.arange(16)}, {"uid": uids})
+                       "response_mask": torch.ones(16, 3), "row": torch.arange(16)},
+                      {"uid": uids})
+
+
+def _trained(out):
+    """The rows the loss still sees (response mask not all 0)."""
+    return out.batch["response_mask"].sum(dim=1).gt(0).nonzero().flatten().tolist()
 
 
 def test_embodied_keeps_groups_inside_bounds():
-    out = embodied_local_rank_sampling(_embodied_batch(), None)
-    assert get_non_tensor(out.batch, "uid") == ["t1"] * 4 + ["t3"] * 4
-    assert out.batch["row"].tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    batch = _embodied_batch()
+    out = embodied_local_rank_sampling(batch, None)
+    # filtered groups stay (every worker keeps its row count) but train on nothing
+    assert out.batch["row"].tolist() == list(range(16))
+    assert _trained(out) == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert batch["response_mask"].sum() == 48  # the input batch is not changed
     assert out.metrics["embodied_sampling/total"] == 4.0
     assert out.metrics["embodied_sampling/kept"] == 2.0
     assert out.metrics["embodied_sampling/success_rate"] == pytest.approx(7 / 16)
@@ -88,17 +97,17 @@ def test_embodied_keeps_groups_inside_bounds():
 def test_embodied_bounds_are_inclusive():
     complete = [1] + [0] * 9 + [1] * 9 + [0]  # group means 0.1 and 0.9
     uids = ["low"] * 10 + ["high"] * 10
-    batch = make_batch({"complete": torch.tensor(complete, dtype=torch.float32)},
-                       {"uid": uids})
+    batch = make_batch({"complete": torch.tensor(complete, dtype=torch.float32),
+                        "response_mask": torch.ones(20, 2)}, {"uid": uids})
     out = embodied_local_rank_sampling(batch, {})
-    assert out.batch.batch_size == torch.Size([20])
+    assert out.batch["response_mask"].sum() == 40
 
 
 def test_embodied_custom_bounds_and_disable():
     config = {"algorithm": {"embodied_sampling": {"accuracy_lower_bound": 0.0,
                                                   "accuracy_upper_bound": 0.3}}}
     out = embodied_local_rank_sampling(_embodied_batch(), config)
-    assert get_non_tensor(out.batch, "uid") == ["t1"] * 4 + ["t2"] * 4
+    assert _trained(out) == list(range(4, 12))  # groups t1 and t2
 
     batch = _embodied_batch()
     off = {"algorithm": {"embodied_sampling": {"filter_accuracy": False}}}

@@ -6,7 +6,6 @@ from siirl.dag_worker.dagworker import DAGWorker
 from siirl.execution.dag import builtin_pipelines as bp
 from siirl.execution.dag.node import NodeRole, NodeType
 from siirl.user_interface.filter_interface.dapo import dynamic_sampling
-from siirl.user_interface.filter_interface.embodied import embodied_local_rank_sampling
 
 INFER, TRAIN, COMPUTE = NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN, NodeType.COMPUTE
 W = "siirl.dag_worker.dagworker:DAGWorker."
@@ -20,16 +19,12 @@ TRAIN_ACTOR = ("actor_train", TRAIN, NodeRole.ACTOR, DAGWorker.train_actor)
 VALUE = ("critic_value", INFER, NodeRole.CRITIC, DAGWorker.compute_value)
 TRAIN_CRITIC = ("critic_train", TRAIN, NodeRole.CRITIC, DAGWorker.train_critic)
 DAPO = ("dynamic_sampling", COMPUTE, NodeRole.DYNAMIC_SAMPLING, dynamic_sampling)
-EMBODIED = ("embodied_sampling", COMPUTE, NodeRole.DYNAMIC_SAMPLING,
-            embodied_local_rank_sampling)
 
 FLOWS = {
     "grpo": (bp.grpo_pipeline, [ROLLOUT, REWARD, ADV, OLD, REF, TRAIN_ACTOR]),
     "ppo": (bp.ppo_pipeline, [ROLLOUT, REWARD, VALUE, ADV, OLD, REF, TRAIN_ACTOR,
                               TRAIN_CRITIC]),
     "dapo": (bp.dapo_pipeline, [ROLLOUT, REWARD, DAPO, ADV, OLD, REF, TRAIN_ACTOR]),
-    "embodied": (bp.embodied_grpo_pipeline, [ROLLOUT, EMBODIED, REWARD, ADV, OLD, REF,
-                                             TRAIN_ACTOR]),
 }
 
 
@@ -76,12 +71,10 @@ def test_ppo_is_grpo_plus_critic_nodes():
     assert ppo_ids[-1] == "critic_train"
 
 
-def test_graph_ids_and_embodied_alias():
+def test_graph_ids():
     assert bp.grpo_pipeline().graph_id == "grpo_training_pipeline"
     assert bp.ppo_pipeline().graph_id == "ppo_training_pipeline"
     assert bp.dapo_pipeline().graph_id == "dapo_training_pipeline"
-    assert bp.embodied_grpo_pipeline().graph_id == "embodied_grpo_training_pipeline"
-    assert bp.embodied_pipeline is bp.embodied_grpo_pipeline
 
 
 def test_builtins_return_fresh_graphs():

@@ -24,7 +24,6 @@ def test_builtin_pipelines_are_registered():
 
 def test_load_builtin_pipeline_plugin():
     assert load_plugin("siirl.pipelines", "grpo") is bp.grpo_pipeline
-    assert load_plugin("siirl.pipelines", "embodied") is bp.embodied_grpo_pipeline
 
 
 def test_missing_name_message():

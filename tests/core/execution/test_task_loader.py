@@ -84,7 +84,6 @@ def test_empty_values_fall_through():
 @pytest.mark.parametrize("config,expected", [
     ({"algorithm": {"workflow_type": "DAPO"}}, bp.dapo_pipeline),
     ({"algorithm": {"workflow_type": "dapo", "adv_estimator": "gae"}}, bp.dapo_pipeline),
-    ({"algorithm": {"workflow_type": "EMBODIED"}}, bp.embodied_grpo_pipeline),
     ({"algorithm": {"workflow_type": "DEFAULT", "adv_estimator": "gae"}}, bp.ppo_pipeline),
     ({"algorithm": {"adv_estimator": "GAE"}}, bp.ppo_pipeline),
     ({"algorithm": {"adv_estimator": "grpo"}}, bp.grpo_pipeline),

@@ -15,7 +15,6 @@ BUILTINS = {
     "grpo": bp.grpo_pipeline,
     "ppo": bp.ppo_pipeline,
     "dapo": bp.dapo_pipeline,
-    "embodied": bp.embodied_grpo_pipeline,
 }
 
 

@@ -38,8 +38,9 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
                            "frozen_lake": "siirl-envs[gym]", "gem": "siirl-envs[gem]",
                            "textarena": "siirl-envs[textarena]"},
-    "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "embodied")},
-                        "agentic": "siirl-envs", "agentic_ppo": "siirl-envs"},
+    "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo")},
+                        "agentic": "siirl-envs", "agentic_ppo": "siirl-envs",
+                        "embodied": "siirl-envs"},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {

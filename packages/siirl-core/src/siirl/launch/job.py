@@ -26,27 +26,12 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
         if int(select(config, "trainer.nnodes", 1)) == 1:  # elsewhere: the workers' folder
             check_output_dir(select(config, "trainer.default_local_dir", "."))
     graph = load_pipeline(config)
-    if not print_dag:
-        refuse_unbuilt_workflow(graph)
     plan = TaskScheduler(num_workers(config)).schedule(graph)
     if print_dag:
         print(graph.format())
         print(format_plan(plan))
         return None
     return start_workers(config, plan)
-
-
-def refuse_unbuilt_workflow(graph) -> None:
-    """The built-in embodied workflow prints (--print-dag) but cannot run yet: say so
-    before anything loads, rather than fail at its first embodied node."""
-    from siirl.errors import ConfigError
-
-    if graph.graph_id == "embodied_grpo_training_pipeline":
-        raise ConfigError(
-            "algorithm.workflow_type=EMBODIED: the embodied workflow needs a vision-language-"
-            "action actor and the rollout that plays it in embodied environments, which are "
-            "not built yet (issue 18); the environments (siirl.environment.embodied), the "
-            "embodied reward manager and the sampling filter exist")
 
 
 def start_workers(config: Any, plan: List[WorkerAssignment]) -> list:

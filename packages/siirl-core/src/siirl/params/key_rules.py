@@ -319,10 +319,15 @@ RULES: Tuple[Rule, ...] = (
         "it only acts with reward_model.sandbox_fusion.url, for the multi-turn python tool.",
         lambda config, key: not get(config, "reward_model.sandbox_fusion.url") or
         not get(config, f"{ROLLOUT}.multi_turn.enable", False)),
-    _refused("actor_rollout_ref.embodied.*", "the embodied rollout is not built yet",
-             "siiRL's embodied settings (VLA action tokens, LIBERO environments) are parsed "
-             "but nothing runs a vision-language-action policy yet (issue 18): the embodied "
-             "environments, reward manager and sampling filter exist, the rollout does not."),
+    _na(tuple(f"actor_rollout_ref.embodied.{k}" for k in (
+        "embodied_type", "model_path", "embedding_img_size", "embedding_model_class",
+        "embedding_model_offload", "num_images_in_input", "center_crop", "unnorm_key",
+        "n_gpus_per_node", "temperature", "env.num_trials_per_task", "env.model_family")),
+        "read by siiRL's OpenVLA path only",
+        "these configure siiRL's OpenVLA models (image preprocessing, action "
+        "un-normalisation, their own GPU count); here the model is actor_rollout_ref.model, "
+        "its forward takes pixel_values and proprio, sampling uses "
+        "actor_rollout_ref.rollout.temperature, and the dataloader's rows name the trials."),
     _na("reward_model.reward_kwargs", "read by the embodied reward manager only",
         "reward_model.reward_kwargs are the embodied manager's keywords (reward_coef); the "
         "other managers take custom_reward_function.reward_kwargs.",

@@ -6,6 +6,7 @@ Flows (spec, "Built-in Pipelines Comparison"):
             -> train_actor -> train_critic
   DAPO      rollout -> reward -> dynamic_sampling -> advantage -> old_log -> ref_log -> train
   Embodied  rollout -> embodied_sampling -> reward -> advantage -> old_log -> ref_log -> train
+            (registered by siirl-envs, whose rollout node plays the environments)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ _EMBODIED_FILTER = ("embodied_sampling", EMBODIED_FILTER, _COMPUTE, NodeRole.DYN
 # the worker's own nodes, for workflows that reuse them: name -> (node_id, func, type, role)
 STEPS = {"reward": _REWARD, "advantage": _ADVANTAGE, "old_log_prob": _OLD_LOG,
          "ref_log_prob": _REF_LOG, "train_actor": _TRAIN_ACTOR, "critic_value": _VALUE,
-         "train_critic": _TRAIN_CRITIC}
+         "train_critic": _TRAIN_CRITIC, "embodied_sampling": _EMBODIED_FILTER}
 
 
 def grpo_pipeline() -> TaskGraph:
@@ -64,14 +65,3 @@ def dapo_pipeline() -> TaskGraph:
                            "DAPO: GRPO with zero-variance groups filtered out"),
                   [_ROLLOUT, _REWARD, _DAPO_FILTER, _ADVANTAGE, _OLD_LOG, _REF_LOG,
                    _TRAIN_ACTOR])
-
-
-def embodied_grpo_pipeline() -> TaskGraph:
-    return chain(Pipeline("embodied_grpo_training_pipeline",
-                           "Embodied GRPO/SRPO: task-success filtering before reward"),
-                  [_ROLLOUT, _EMBODIED_FILTER, _REWARD, _ADVANTAGE, _OLD_LOG, _REF_LOG,
-                   _TRAIN_ACTOR])
-
-
-# Short alias matching the workflow name users select with algorithm.workflow_type=EMBODIED.
-embodied_pipeline = embodied_grpo_pipeline

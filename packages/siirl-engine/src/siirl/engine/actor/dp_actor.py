@@ -39,7 +39,13 @@ from siirl.data_coordinator.fields import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
-from siirl.engine.common.backend import FORWARD_KEYS, Head, MicroLoss, TrainBackend
+from siirl.engine.common.backend import (
+    FORWARD_KEYS,
+    Head,
+    MicroLoss,
+    TrainBackend,
+    forward_keys,
+)
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.dynamic_batch import TokenBudget
 from siirl.engine.common.ppo_update import (
@@ -165,7 +171,7 @@ class DataParallelPPOActor(UpdatingRole):
     def compute_log_prob(self, batch: Any, calculate_entropy: bool = False):
         """Log-probs ``[B, R]`` of the batch's responses (and their entropy, or None)."""
         require(batch, FORWARD_KEYS, "compute_log_prob")
-        data = batch.select(*FORWARD_KEYS)
+        data = batch.select(*forward_keys(batch))
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, calculate_entropy)
         out = forward_rows(self.backend, data, self.log_prob_micro_batch_size, head,
                            self.log_prob_budget)
@@ -209,7 +215,7 @@ class DataParallelPPOActor(UpdatingRole):
         if on_policy:
             keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
-        data = batch.select(*keys)
+        data = batch.select(*forward_keys(batch, keys))
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)
         loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group, on_policy)
         metrics = self.updater.update(data, head, loss)

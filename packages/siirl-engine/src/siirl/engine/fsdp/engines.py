@@ -15,7 +15,13 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    MODEL_EXTRA_INPUTS,
+    POSITION_IDS,
+)
+from siirl.engine.actor.embodied_actor import episode_logprobs, is_episode_batch
 from siirl.engine.actor.engine import ActorEngine
 from siirl.engine.actor.reference import ReferenceEngine, initial_policy, reference_needed
 from siirl.engine.common.backend import Head
@@ -43,15 +49,18 @@ def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float
     fn = logprob_fn or response_logprobs
 
     def heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
-        def named(module, input_ids, attention_mask, position_ids, width):
+        def named(module, input_ids, attention_mask, position_ids, width, **extras):
             log_probs, entropy = fn(module, input_ids, attention_mask, position_ids,
                                     response_length=width, temperature=temperature,
-                                    calculate_entropy=calculate_entropy)
+                                    calculate_entropy=calculate_entropy, **extras)
             return {"log_probs": log_probs, "entropy": entropy}
 
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
+            if is_episode_batch(micro):  # a VLA's episodes: one forward per chunk
+                return episode_logprobs(module, micro, temperature, calculate_entropy)
+            extras = {k: micro[k] for k in MODEL_EXTRA_INPUTS if k in micro.keys()}
             return on_used_columns(named, module, micro[INPUT_IDS], micro[ATTENTION_MASK],
-                                   micro[POSITION_IDS], response_length)
+                                   micro[POSITION_IDS], response_length, **extras)
 
         names = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
         return Head(head, names)

@@ -46,6 +46,7 @@ def response_logprobs(
     response_length: int,
     temperature: float = 1.0,
     calculate_entropy: bool = False,
+    **model_inputs: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(log_probs [B, R], entropy [B, R] or None)`` for the last ``R`` tokens of
     ``input_ids`` ([B, P+R], prompts left-padded, responses right-padded).
@@ -67,7 +68,7 @@ def response_logprobs(
         # The LM head then runs on R+1 positions only: no [B, P+R, V] logits tensor.
         kwargs["logits_to_keep"] = resp + 1
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids, use_cache=False, **kwargs)
+                position_ids=position_ids, use_cache=False, **kwargs, **model_inputs)
     logits = out.logits if hasattr(out, "logits") else out[0]
     return logprobs_from_logits(logits, input_ids, resp, temperature, calculate_entropy)
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, MODEL_EXTRA_INPUTS
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.rollout.base import RolloutBase, as_int, postprocess_responses
@@ -81,6 +81,7 @@ class HFRollout(RolloutBase):
         keys = self.noise_keys(out, n)
         prompts, prompt_mask = out[INPUT_IDS], out[ATTENTION_MASK]
         prompt_pos = self.prompt_positions(out)
+        extras = {k: out[k] for k in MODEL_EXTRA_INPUTS if k in out.keys()}
         device = next(module.parameters()).device
         chunk = as_int(self.cfg.actor_rollout_ref.rollout.max_num_seqs) or prompts.shape[0] or 1
         # eval() turns dropout off; each submodule's mode is restored afterwards, so
@@ -96,7 +97,8 @@ class HFRollout(RolloutBase):
                     rows = slice(start, start + chunk)
                     tokens = decode(module, prompts[rows].to(device),
                                     prompt_mask[rows].to(device), prompt_pos[rows].to(device),
-                                    width, eos_ids, pad_id, **params, keys=keys[rows].to(device))
+                                    width, eos_ids, pad_id, **params, keys=keys[rows].to(device),
+                                    extras={k: v[rows].to(device) for k, v in extras.items()})
                     parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
         finally:
             for m, mode in modes:

@@ -19,7 +19,8 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
                      attention_mask: torch.Tensor, position_ids: torch.Tensor,
                      max_new_tokens: int, eos_ids: list[int], pad_id: int, greedy: bool,
                      temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
-                     keys: torch.Tensor | None = None) -> torch.Tensor:
+                     keys: torch.Tensor | None = None,
+                     extras: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Same contract as ``sampler.decode``."""
     rows = input_ids.shape[0]
     if max_new_tokens <= 0 or rows == 0:
@@ -27,7 +28,7 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
     out = module(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids, use_cache=True, **keep_last)
+                 position_ids=position_ids, use_cache=True, **keep_last, **(extras or {}))
     next_pos = position_ids[:, -1:] + 1
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     ones = attention_mask.new_ones((rows, 1))

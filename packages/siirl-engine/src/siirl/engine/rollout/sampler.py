@@ -53,10 +53,13 @@ def distinct_rows(*columns: torch.Tensor, at_least: int = 1
 def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
            greedy: bool, temperature: float = 1.0, top_k: int = -1,
-           top_p: float = 1.0, keys: torch.Tensor | None = None) -> torch.Tensor:
+           top_p: float = 1.0, keys: torch.Tensor | None = None,
+           extras: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
     (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
-    ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``)."""
+    ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``).
+    ``extras`` (per-row tensors, e.g. a VLA's ``pixel_values``) go to the prefill only: the
+    steps after it feed new tokens, which the cache already conditions on them."""
     rows, width = input_ids.shape
     if max_new_tokens <= 0 or rows == 0:
         return input_ids.new_zeros((rows, 0))
@@ -64,17 +67,21 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
     prompt = (input_ids, attention_mask, position_ids)
-    groups = distinct_rows(*prompt, at_least=floor)
+    extras = dict(extras or {})
+    # rows are equal only when their extra inputs are too (two images, one instruction)
+    groups = distinct_rows(*prompt, *extras.values(), at_least=floor)
+    prefill_extras = extras
     if groups is not None:  # prefill one row per prompt
         prompt = tuple(t.index_select(0, groups[0]) for t in prompt)
+        prefill_extras = {k: v.index_select(0, groups[0]) for k, v in extras.items()}
     out = module(input_ids=prompt[0], attention_mask=prompt[1], position_ids=prompt[2],
-                 use_cache=True, **keep_last)
+                 use_cache=True, **keep_last, **prefill_extras)
     cache = out.past_key_values
     if not hasattr(cache, "reorder_cache"):  # not a transformers Cache: the plain loop
         from siirl.engine.rollout.reference import reference_decode
         return reference_decode(module, input_ids, attention_mask, position_ids,
                                 max_new_tokens, eos_ids, pad_id, greedy, temperature,
-                                top_k, top_p, keys)
+                                top_k, top_p, keys, extras)
     logits = out.logits[:, -1, :]
     if groups is not None:  # then one row per sample
         logits = logits.index_select(0, groups[1])

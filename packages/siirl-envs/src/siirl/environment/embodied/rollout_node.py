@@ -1,0 +1,392 @@
+"""The EMBODIED rollout node: a vision-language-action policy plays episodes in embodied
+environments; each episode becomes one rollout row.
+
+Each prompt row of the dataloader names one episode group: its ``sample_id`` picks the task
+(the environment's tasks in turn) and, with ``trainer.seed`` and the step, the seed;
+``rollout.n`` episodes start from that ``(task, seed)`` (GRPO's group, ``uid``). Every chunk
+step, the observations of all unfinished episodes go to the worker's rollout engine in one
+batch: the prompt (instruction + the VLA's image and proprio placeholders,
+:mod:`.vla_inputs`) with ``pixel_values`` and ``proprio``; its reply is ``k * D`` action
+tokens, decoded into a chunk of ``k`` actions (:mod:`.action_tokens`).
+
+A row holds the whole episode (``episode_rows``): the prompt, the chunks' action tokens side
+by side as the response, and one observation per chunk (``pixel_values [T, H, W, 3]``,
+``proprio [T, P]``, zeros past the end), which the actor's episode head
+(``siirl.engine.actor.embodied_actor``) reads back one chunk at a time. ``complete`` is the
+episode's success, ``task_id`` and ``data_source`` its task; with SRPO
+(``actor_rollout_ref.embodied.video_embedding_model_path``) ``trajectory_embedding`` is its
+video's embedding. The reward node scores the rows (``reward_manager=embodied``); validation
+(``validate=True``) scores them here, greedy by default (``rollout.val_kwargs``), and writes
+each task's first episode as a GIF under ``<trainer.default_local_dir>/val_videos``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.data_coordinator import protocol
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    COMPLETE,
+    DATA_SOURCE,
+    INPUT_IDS,
+    PIXEL_VALUES,
+    POSITION_IDS,
+    PROMPTS,
+    PROPRIO,
+    RESPONSE_MASK,
+    RESPONSES,
+    SAMPLE_ID,
+    TASK_ID,
+    TOKEN_LEVEL_REWARDS,
+    TOKEN_LEVEL_SCORES,
+    TRAJECTORY_EMBEDDING,
+    UID,
+)
+from siirl.environment.agentic.rollout_node import episode_seed
+from siirl.environment.embodied.base import EmbodiedEnv, stack_observations
+from siirl.environment.embodied.registry import embodied_env_class, make_embodied_env
+from siirl.environment.embodied.venv import VectorEmbodiedEnv
+from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
+from siirl.errors import ConfigError
+from siirl.execution.config_select import select
+
+EMBODIED = "actor_rollout_ref.embodied"
+
+
+# ------------------------------------------------------------------------- environments
+def env_spec(config: Any) -> tuple:
+    """``(name, settings)`` of the environment ``actor_rollout_ref.embodied.env`` asks for:
+    ``env_type`` names it, ``env_config`` holds its own settings, and siiRL's ``max_steps``,
+    ``env_name`` (a LIBERO suite, or task ids) and ``num_steps_wait`` fill what it takes."""
+    env = select(config, f"{EMBODIED}.env")
+    name = str(env.env_type)
+    settings = dict(env.env_config or {})
+    cls = embodied_env_class(name, f"{EMBODIED}.env.env_type")
+    try:
+        accepted = set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        accepted = set()
+    if "max_steps" in accepted:
+        settings.setdefault("max_steps", int(env.max_steps))
+    env_name = str(env.env_name or "")
+    if name == "libero" and env_name:
+        settings.setdefault("suites", [env_name])
+    elif env_name and env_name not in ("all", "libero_10") and "tasks" in accepted:
+        settings.setdefault("tasks", [t for t in env_name.split(",") if t])
+    if "settle_steps" in accepted:
+        settings.setdefault("settle_steps", int(env.num_steps_wait))
+    return name, settings
+
+
+class LocalEnvs:
+    """Environments in this process, with :class:`VectorEmbodiedEnv`'s batch calls
+    (``actor_rollout_ref.embodied.env.num_envs=0``: a pure-numpy task needs no process)."""
+
+    def __init__(self, name: str, settings: Dict[str, Any], count: int):
+        self.envs: List[EmbodiedEnv] = [make_embodied_env(name, settings)
+                                        for _ in range(max(1, count))]
+        first = self.envs[0]
+        self.task_ids, self.action_dim = list(first.task_ids), first.action_dim
+        self.max_steps = first.max_steps
+        self.errors = {"timeout": 0, "crash": 0, "step": 0}
+        self.clipped = 0
+        self._spec = (name, settings)
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def grow(self, count: int) -> None:
+        while len(self.envs) < count:
+            self.envs.append(make_embodied_env(*self._spec))
+
+    def reset(self, task_ids: Sequence[str], seeds: Sequence[int], env_ids: Sequence[int]):
+        return stack_observations([self.envs[i].reset(t, s)
+                                   for i, t, s in zip(env_ids, task_ids, seeds, strict=True)])
+
+    def step(self, actions: np.ndarray, env_ids: Sequence[int]):
+        results = [self.envs[i].step(a) for i, a in zip(env_ids, actions, strict=True)]
+        self.clipped += sum(int(r[3].get("clipped", 0)) for r in results)
+        return (stack_observations([r[0] for r in results]),
+                np.array([r[1] for r in results], np.float32),
+                np.array([r[2] for r in results], bool), [r[3] for r in results])
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+_ENVS: Dict[tuple, Any] = {}  # this worker's environments, kept for the run
+
+
+def worker_envs(config: Any, episodes: int) -> Any:
+    env = select(config, f"{EMBODIED}.env")
+    name, settings = env_spec(config)
+    processes = int(env.num_envs or 0)
+    timeout = float(select(config, f"{EMBODIED}.env.step_timeout_s", 60.0) or 60.0)
+    key = (name, repr(sorted(settings.items())), processes, timeout)
+    if key not in _ENVS:
+        _ENVS[key] = VectorEmbodiedEnv(name, processes, timeout, config=settings) \
+            if processes > 0 else LocalEnvs(name, settings, episodes)
+        atexit.register(_ENVS[key].close)
+    envs = _ENVS[key]
+    if isinstance(envs, LocalEnvs):
+        envs.grow(episodes)
+    return envs
+
+
+# ------------------------------------------------------------------------------ episodes
+class Episode(SimpleNamespace):
+    """One episode's record: prompt ids, per chunk the observation it acted on and the
+    action tokens it chose, the frames seen, success and reward."""
+
+
+def _policy_batch(prompts: List[List[int]], pad_id: int, images: np.ndarray,
+                  proprio: np.ndarray, keys: List[int]) -> Any:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return protocol.make_batch({
+        INPUT_IDS: ids, ATTENTION_MASK: mask,
+        POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0),
+        PIXEL_VALUES: torch.from_numpy(np.ascontiguousarray(images)),
+        PROPRIO: torch.from_numpy(np.ascontiguousarray(proprio, dtype=np.float32)),
+        SAMPLE_ID: torch.tensor(keys, dtype=torch.long)})
+
+
+def play(envs: Any, episodes: List[Episode], act, chunks: int, wave: int,
+         keep_in_step: bool, record_frames: bool) -> None:
+    """Play ``episodes`` in waves of ``wave`` environments, ``chunks`` chunk steps at most.
+    ``act(episodes, observations, record=True) -> [m, k, D]``. With ``keep_in_step``
+    (several workers generate with gathered weights) every chunk step calls ``act``, on one
+    episode's last observation, unrecorded, when all have finished, so the workers' calls
+    pair up."""
+    for start in range(0, len(episodes), wave):
+        group = episodes[start:start + wave]
+        env_ids = list(range(len(group)))
+        obs = envs.reset([e.task for e in group], [e.seed for e in group], env_ids)
+        current = [{k: obs[k][j] for k in ("image", "proprio")} for j in env_ids]
+        for j, episode in enumerate(group):
+            episode.frames = [current[j]["image"]] if record_frames else []
+        for _ in range(chunks):
+            live = [j for j in env_ids if not group[j].done]
+            if not live:
+                if keep_in_step:
+                    act([group[0]], [current[0]], record=False)
+                continue
+            chunk = act([group[j] for j in live], [current[j] for j in live])
+            obs, rewards, dones, infos = envs.step(chunk, live)
+            for row, j in enumerate(live):
+                episode = group[j]
+                episode.reward += float(rewards[row])
+                episode.success = episode.success or bool(infos[row].get("success"))
+                episode.done = bool(dones[row])
+                episode.error = infos[row].get("error") or episode.error
+                current[j] = {"image": obs["image"][row], "proprio": obs["proprio"][row]}
+                if record_frames:
+                    episode.frames.append(current[j]["image"])
+
+
+def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
+                 per_chunk: int) -> Any:
+    """One row per episode (see the module docstring)."""
+    count = len(episodes)
+    width = max(len(e.prompt) for e in episodes)
+    prompts = torch.full((count, width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((count, width), dtype=torch.long)
+    responses = torch.full((count, chunks * per_chunk), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((count, chunks * per_chunk), dtype=torch.float32)
+    image_shape = episodes[0].images[0].shape
+    pixels = torch.zeros((count, chunks, *image_shape), dtype=torch.uint8)
+    proprio_dim = max(len(e.proprios[0]) for e in episodes)
+    proprio = torch.zeros((count, chunks, proprio_dim), dtype=torch.float32)
+    for row, episode in enumerate(episodes):
+        prompts[row, width - len(episode.prompt):] = torch.tensor(episode.prompt)
+        prompt_mask[row, width - len(episode.prompt):] = 1
+        played = len(episode.tokens)
+        if played:
+            responses[row, :played * per_chunk] = torch.as_tensor(
+                np.concatenate(episode.tokens), dtype=torch.long)
+            response_mask[row, :played * per_chunk] = 1.0
+            pixels[row, :played] = torch.from_numpy(np.stack(episode.images))
+            values = np.stack(episode.proprios)
+            proprio[row, :played, :values.shape[1]] = torch.from_numpy(values)
+    attention = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    batch = protocol.make_batch({
+        PROMPTS: prompts, RESPONSES: responses, RESPONSE_MASK: response_mask,
+        INPUT_IDS: torch.cat([prompts, responses], dim=1), ATTENTION_MASK: attention,
+        POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0),
+        PIXEL_VALUES: pixels, PROPRIO: proprio,
+        COMPLETE: torch.tensor([float(e.success) for e in episodes])})
+    protocol.set_non_tensor(batch, UID, [e.group for e in episodes])
+    protocol.set_non_tensor(batch, TASK_ID, [e.task for e in episodes])
+    protocol.set_non_tensor(batch, DATA_SOURCE, [e.task for e in episodes])
+    return batch
+
+
+def _success_scores(rows: Any) -> None:
+    """Validation's own scores: success (1/0) on each row's last action token."""
+    mask = rows[RESPONSE_MASK]
+    scores = torch.zeros_like(mask)
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    scores[torch.arange(mask.shape[0]), last] = rows[COMPLETE].float()
+    rows.set(TOKEN_LEVEL_SCORES, scores)
+    rows.set(TOKEN_LEVEL_REWARDS, scores.clone())
+
+
+_ENCODERS: Dict[tuple, Any] = {}
+
+
+def _video_encoder(config: Any) -> Optional[Any]:
+    """SRPO's frozen video encoder, or None (plain GRPO on success)."""
+    path = select(config, f"{EMBODIED}.video_embedding_model_path")
+    if path in (None, "", "none"):
+        return None
+    fp16 = bool(select(config, f"{EMBODIED}.embedding_enable_fp16", False))
+    device = "cuda" if torch.cuda.is_available() and \
+        str(select(config, "trainer.device", "cuda")) != "cpu" else "cpu"
+    key = (str(path), fp16, device)
+    if key not in _ENCODERS:
+        from siirl.environment.embodied.video_embedding import build_video_encoder
+
+        _ENCODERS[key] = build_video_encoder(str(path), device=device, fp16=fp16)
+    return _ENCODERS[key]
+
+
+def _save_videos(episodes: Sequence[Episode], config: Any, worker: Any) -> Dict[str, float]:
+    """Each task's first validation episode as a GIF (rank 0 only); how many were written."""
+    folder = select(config, "trainer.default_local_dir")
+    if not folder or int(getattr(worker, "rank", 0) or 0) != 0:
+        return {}
+    from siirl.environment.embodied.video import write_video
+
+    step = int(getattr(worker, "global_step", 0) or 0)
+    out = Path(str(folder)) / "val_videos" / f"step_{step}"
+    written = set()
+    for episode in episodes:
+        if episode.task in written or not episode.frames:
+            continue
+        outcome = "success" if episode.success else "failure"
+        write_video(episode.frames, out / f"{episode.task}_{outcome}.gif")
+        written.add(episode.task)
+    return {"val-env/videos": float(len(written))}
+
+
+def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
+                     validate: bool = False, **_: Any) -> NodeOutput:
+    """Node function: episodes for the prompt rows of ``batch`` -> one row per episode."""
+    rollout, actor = worker.engines.rollout, worker.engines.actor
+    tokenizer = actor.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    module_config = getattr(rollout.policy()[0], "config", None) \
+        if hasattr(rollout, "policy") else None
+    image_tokens = int(getattr(module_config, "image_tokens", 0) or 0)
+    if image_tokens <= 0:
+        raise ConfigError(
+            f"algorithm.workflow_type=EMBODIED needs a vision-language-action model; "
+            f"actor_rollout_ref.model.path={select(config, 'actor_rollout_ref.model.path')!r} "
+            "has no image tokens (config.image_tokens). Use builtin:tiny-vla or a model "
+            "whose forward takes pixel_values and proprio")
+    bins = int(getattr(module_config, "action_bins", 256) or 256)
+    actions = action_tokenizer_for(tokenizer, bins)
+    n = int(select(config, "actor_rollout_ref.rollout.val_kwargs.n" if validate else
+                   "actor_rollout_ref.rollout.n", 1) or 1)
+    run_seed = int(select(config, "trainer.seed", 0) or 0)
+    step = -1 if validate else int(getattr(worker, "global_step", 0) or 0)
+    sample_ids = [int(i) for i in batch[SAMPLE_ID].tolist()]
+    envs = worker_envs(config, len(sample_ids) * n)
+    action_dim = int(envs.action_dim)
+    token_len = int(select(config, f"{EMBODIED}.action_token_len", action_dim))
+    if token_len != action_dim:
+        raise ConfigError(f"{EMBODIED}.action_token_len={token_len}, but "
+                          f"the environment's actions have {action_dim} dimensions: set "
+                          f"{EMBODIED}.action_token_len={action_dim}")
+    k = int(select(config, f"{EMBODIED}.action_chunks_len", 1))
+    if k < 1:
+        raise ConfigError(f"{EMBODIED}.action_chunks_len={k}: a chunk is at least 1 action")
+    chunks = -(-int(envs.max_steps) // k)
+    tasks = list(envs.task_ids)
+    episodes = []
+    prompts: Dict[str, List[int]] = {}
+    for sample_id in sample_ids:
+        task = tasks[sample_id % len(tasks)]
+        seed = episode_seed(run_seed, sample_id, step)
+        for j in range(n):
+            episodes.append(Episode(task=task, seed=seed, group=str(sample_id),
+                                    key=sample_id * n + j, prompt=None, tokens=[], images=[],
+                                    proprios=[], reward=0.0, success=False, done=False,
+                                    error=None, frames=[]))
+
+    def act(playing: List[Episode], observations: List[dict], record: bool = True
+            ) -> np.ndarray:
+        for episode, observation in zip(playing, observations, strict=True):
+            if episode.prompt is None:
+                instruction = observation["instruction"]
+                if instruction not in prompts:
+                    prompts[instruction] = vla_prompt_ids(tokenizer, instruction, image_tokens)
+                episode.prompt = prompts[instruction]
+        images = np.stack([o["image"] for o in observations])
+        proprio = np.stack([o["proprio"] for o in observations])
+        rows = _policy_batch([e.prompt for e in playing], pad_id, images, proprio,
+                             [e.key for e in playing])
+        with rollout.overridden(n=1, response_length=k * action_dim):
+            out = rollout.generate(rows, validate=validate).batch
+        tokens = out[RESPONSES].numpy()
+        chunk = np.stack([actions.chunk(t, action_dim) for t in tokens])
+        for row, episode in enumerate(playing):
+            if record and len(episode.tokens) < chunks:
+                episode.tokens.append(tokens[row])
+                episode.images.append(images[row])
+                episode.proprios.append(proprio[row])
+        return chunk
+
+    comm = getattr(worker, "comm", None)
+    wave = int(envs.num_envs)
+    want_video = validate or _video_encoder(config) is not None
+    clipped_before = int(getattr(envs, "clipped", 0))
+    play(envs, episodes, act, chunks, wave, bool(comm is not None and comm.active),
+         want_video)
+    out = episode_rows(episodes, pad_id, chunks, k * action_dim)
+    metrics = _episode_metrics(episodes, int(getattr(envs, "clipped", 0)) - clipped_before,
+                               "val-env" if validate else "env")
+    encoder = None if validate else _video_encoder(config)
+    if encoder is not None:
+        out.set(TRAJECTORY_EMBEDDING, torch.as_tensor(
+            encoder.embed([np.stack(e.frames) for e in episodes]), dtype=torch.float32))
+    if validate:
+        _success_scores(out)
+        metrics.update(_save_videos(episodes, config, worker))
+    for episode in episodes:
+        episode.frames = []
+    return NodeOutput(batch=out, metrics=metrics)
+
+
+def _episode_metrics(episodes: Sequence[Episode], clipped: int, prefix: str
+                     ) -> Dict[str, float]:
+    count = max(len(episodes), 1)
+    metrics = {
+        f"{prefix}/success_rate": sum(e.success for e in episodes) / count,
+        f"{prefix}/chunks/mean": sum(len(e.tokens) for e in episodes) / count,
+        f"{prefix}/reward/mean": sum(e.reward for e in episodes) / count,
+        f"{prefix}/episodes": float(len(episodes)),
+        f"{prefix}/lost": float(sum(e.error is not None for e in episodes)),
+        f"{prefix}/actions_clipped": float(clipped),
+    }
+    by_task: Dict[str, List[bool]] = {}
+    for episode in episodes:
+        by_task.setdefault(episode.task, []).append(episode.success)
+    for task, results in by_task.items():
+        metrics[f"{prefix}/{task}/success_rate"] = sum(results) / len(results)
+    return metrics
