@@ -177,7 +177,8 @@ def play(envs: Any, episodes: List[Episode], act, chunks: int, wave: int,
         group = episodes[start:start + wave]
         env_ids = list(range(len(group)))
         obs = envs.reset([e.task for e in group], [e.seed for e in group], env_ids)
-        current = [{k: obs[k][j] for k in ("image", "proprio")} for j in env_ids]
+        current = [{k: obs[k][j] for k in ("image", "proprio", "instruction")}
+                   for j in env_ids]
         for j, episode in enumerate(group):
             episode.frames = [current[j]["image"]] if record_frames else []
         for _ in range(chunks):
@@ -194,7 +195,7 @@ def play(envs: Any, episodes: List[Episode], act, chunks: int, wave: int,
                 episode.success = episode.success or bool(infos[row].get("success"))
                 episode.done = bool(dones[row])
                 episode.error = infos[row].get("error") or episode.error
-                current[j] = {"image": obs["image"][row], "proprio": obs["proprio"][row]}
+                current[j] = {k: obs[k][row] for k in ("image", "proprio", "instruction")}
                 if record_frames:
                     episode.frames.append(current[j]["image"])
 
