@@ -1,5 +1,6 @@
 """The embodied reward: success scores 1, and SRPO's progress reward gives failed episodes
-more the nearer their embedding lies to the same task's successes."""
+more the nearer their embedding lies to the same task's successes (end to end: reach
+episodes embedded by the builtin video encoder)."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ import torch
 from siirl.data_coordinator import protocol
 from siirl.engine.reward_manager.embodied import EmbodiedRewardManager
 from siirl.engine.reward_score.embodied import dbscan, progress_rewards, success_centres
+from siirl.environment.embodied import Reach2D, expert_action
+from siirl.environment.embodied.video_embedding import build_video_encoder
 from siirl.errors import DataError
 
 
@@ -76,3 +79,39 @@ def test_rows_without_success_flags_are_refused():
     batch = protocol.make_batch({"response_mask": torch.ones(2, 2)})
     with pytest.raises(DataError, match="'complete'"):
         EmbodiedRewardManager().compute_reward(batch)
+
+
+def _reach_episode(expert_steps, then="still", noise=0.0, rng_seed=0):
+    """Frames of one reach_red episode (seed 1: the block starts 0.74 away), the expert
+    for ``expert_steps`` actions, then standing still or backing away; (frames, success,
+    the gripper's final distance to the block)."""
+    env = Reach2D(image_size=64, max_steps=20)
+    rng = np.random.default_rng(rng_seed)
+    frames = [env.reset("reach_red", 1)["image"]]
+    done, info = False, {}
+    while not done:
+        action = expert_action(env, noise, rng)
+        if env.state.steps >= expert_steps:
+            action = -action if then == "away" else np.zeros_like(action)
+        obs, _, done, info = env.step(action[None])
+        frames.append(obs["image"])
+    gap = np.linalg.norm(env.state.gripper - env.state.blocks[env.task.target])
+    return np.stack(frames), bool(info["success"]), float(gap)
+
+
+def test_srpo_on_reach_videos_pays_failures_by_how_near_they_got():
+    """End to end: real reach episodes, the builtin video encoder, the progress reward."""
+    episodes = [_reach_episode(99, noise=0.2, rng_seed=s) for s in range(3)]  # successes
+    episodes += [_reach_episode(j) for j in (0, 3, 6, 9)]
+    episodes += [_reach_episode(j, then="away") for j in (2, 4)]
+    videos, success, gaps = zip(*episodes, strict=True)
+    assert success == (True,) * 3 + (False,) * 6
+    assert len({len(v) for v in videos}) > 1  # successes end early, failures run out
+
+    embeddings = build_video_encoder("builtin").embed(videos)
+    rewards, _ = progress_rewards(embeddings, success, ["reach_red/1"] * len(videos))
+    assert list(rewards[:3]) == [1.0, 1.0, 1.0]
+    failures = np.argsort(gaps[3:]) + 3  # nearest to the block first
+    assert np.all(np.diff(rewards[failures]) < 0), (np.array(gaps)[failures],
+                                                    rewards[failures])
+    assert np.all(rewards[3:] < 1.0) and np.all(rewards[3:] > 0)
