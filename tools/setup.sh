@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
-engine="packages/siirl-engine[gguf,megatron]"
+engine="packages/siirl-engine[gguf,megatron,lora]"
 envs="packages/siirl-envs[gym,gem,textarena]"
 if [[ "${1:-}" == "--vllm" ]]; then
     venv=.venv-vllm

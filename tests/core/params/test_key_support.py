@@ -202,9 +202,9 @@ def test_conditional_classes(overrides, fine):
 
 
 def test_cli_refuses_with_exit_code_2(capsys):
-    assert main_dag.main(["actor_rollout_ref.model.lora_rank=8", "--print-config"]) == 2
+    assert main_dag.main(["critic.model.lora_rank=8", "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert "actor_rollout_ref.model.lora_rank=8" in err and "issue 19" in err
+    assert "critic.model.lora_rank=8" in err and "actor" in err
 
 
 def test_cli_prints_a_notice_once(capsys):
@@ -215,8 +215,8 @@ def test_cli_prints_a_notice_once(capsys):
 
 
 def test_help_marks_keys_that_are_not_read():
-    model = format_help("actor_rollout_ref.model")
-    assert "[refused: LoRA lands with issue 19]" in model
+    model = format_help("critic.model")
+    assert "[refused: LoRA is built for the actor only]" in model
     lines = {line.split()[0]: line for line in format_help("actor_rollout_ref.rollout")
              .splitlines()[1:]}
     assert "[no effect with the hf rollout]" in lines["gpu_memory_utilization"]

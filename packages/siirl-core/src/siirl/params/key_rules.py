@@ -186,13 +186,23 @@ RULES: Tuple[Rule, ...] = (
     _refused("actor_rollout_ref.hybrid_engine", "the rollout shares the actor's weights",
              "the rollout always samples with the actor's own weights (hybrid engine); a "
              "separate rollout copy is not implemented."),
-    _refused(("actor_rollout_ref.model.lora_rank", "critic.model.lora_rank"),
-             "LoRA lands with issue 19",
-             "LoRA is not implemented yet (issue 19); train all weights (lora_rank=0)."),
+    _refused("actor_rollout_ref.model.lora_rank", "LoRA runs on the fsdp strategy",
+             "LoRA adapters are built for the fsdp actor and reference only; with "
+             "actor_rollout_ref.actor.strategy=megatron (or ref.strategy=megatron) train all "
+             "weights (lora_rank=0) or use strategy=fsdp.",
+             lambda config, key: any(str(get(config, f"{role}.strategy")) == "megatron"
+                                     for role in (ACTOR, REF))),
     _na(("actor_rollout_ref.model.lora_alpha", "actor_rollout_ref.model.target_modules",
-         "actor_rollout_ref.model.exclude_modules", "critic.model.lora_alpha",
-         "critic.model.target_modules"), "no effect without LoRA",
-        "LoRA settings only act with lora_rank > 0, which this release refuses."),
+         "actor_rollout_ref.model.exclude_modules",
+         "actor_rollout_ref.model.lora_merge_on_export"), "no effect without LoRA",
+        "LoRA settings only act with actor_rollout_ref.model.lora_rank > 0.",
+        lambda config, key: not (get(config, "actor_rollout_ref.model.lora_rank") or 0) > 0),
+    _refused("critic.model.lora_rank", "LoRA is built for the actor only",
+             "the critic trains all its weights; LoRA adapters are built for the actor "
+             "(actor_rollout_ref.model.lora_rank) only: keep critic.model.lora_rank=0."),
+    _na(("critic.model.lora_alpha", "critic.model.target_modules"),
+        "no effect: the critic has no LoRA",
+        "the critic trains all its weights (critic.model.lora_rank is refused)."),
     _refused(("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
              "packing lands with issue 19",
              "remove-padding (sequence packing) is not implemented yet (issue 19); batches "

@@ -101,10 +101,25 @@ class ModelArguments:
     )
     enable_activation_offload: bool = False
     use_remove_padding: bool = False
-    lora_rank: int = 0  # >0 enables LoRA
-    lora_alpha: int = 16
-    target_modules: Any = "all-linear"  # str or list of module names
-    exclude_modules: str | None = None
+    lora_rank: int = field(
+        default=0,
+        metadata={"help": "LoRA rank: > 0 trains peft LoRA adapters on the actor (strategy "
+                          "fsdp) instead of all weights; the reference is the base model "
+                          "(adapters off). Needs pip install \"siirl-engine[lora]\"."},
+    )
+    lora_alpha: int = 16  # LoRA scaling: lora_alpha / lora_rank
+    target_modules: Any = field(
+        default="all-linear",
+        metadata={"help": "Layers that get adapters: all-linear (every linear layer but the "
+                          "output head), a list of module names, or a regex."},
+    )
+    exclude_modules: str | None = None  # regex of module names kept without adapters
+    lora_merge_on_export: bool = field(
+        default=False,
+        metadata={"help": "With LoRA, the checkpoint's huggingface/ export also holds the "
+                          "merged full model in huggingface/merged/ (adapters only "
+                          "otherwise)."},
+    )
     use_liger: bool = False
     use_fused_kernels: bool = False
     fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})

@@ -1,5 +1,8 @@
 """``ReferenceEngine``: the frozen initial policy (role ``reference``), on any backend.
 
+For a LoRA actor the reference is the actor's own module run with its adapters off
+(``shares_actor_base``): the frozen base weights are the initial policy.
+
 When neither ``actor.use_kl_loss`` nor ``algorithm.use_kl_in_reward`` is set, nothing
 reads ``ref_log_prob``, so the forward is skipped (a whole model forward saved per step,
 which matters on CPU) and the batch passes through with metric ``ref/skipped=1``.
@@ -17,11 +20,20 @@ from siirl.data_coordinator.fields import REF_LOG_PROB
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.dynamic_batch import budget, check_backend
+from siirl.engine.models.lora import is_lora
 from siirl.params import SiiRLArguments
 
 
 def reference_needed(cfg: SiiRLArguments) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def shares_actor_base(actor: Any) -> bool:
+    """Whether the reference is the actor's own module with its LoRA adapters switched off:
+    the actor trains adapters over frozen base weights, which stay the initial policy, so
+    no copy of them is made."""
+    return actor is not None and getattr(actor, "trains_module_in_place", False) and \
+        is_lora(getattr(actor, "module", None))
 
 
 def initial_policy(actor: Any, load: Callable[[], torch.nn.Module]) -> torch.nn.Module:

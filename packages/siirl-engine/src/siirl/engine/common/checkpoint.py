@@ -36,6 +36,7 @@ MODEL_FILE = "model.safetensors"
 SHARDED_DIR = "dcp"  # torch.distributed.checkpoint: one file per rank + .metadata
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_FILE = "extra.pt"
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA run's checkpoint (siirl.engine.models.lora)
 _ALIASES_KEY = "siirl_aliases"  # safetensors metadata: {alias: stored name} of tied weights
 
 
@@ -202,7 +203,7 @@ def load_checkpoint(directory: str, module: torch.nn.Module, optimizer: Any, *,
     if not os.path.isdir(directory):
         raise DamagedCheckpointError(f"no checkpoint directory at {directory}")
     wants_optimizer = "optimizer" in contents and optimizer is not None
-    extra = _read_extra(directory) if "extra" in contents else {}
+    extra = read_extra(directory) if "extra" in contents else {}
     dcp_dir = os.path.join(directory, SHARDED_DIR)
     if os.path.isdir(dcp_dir):
         _check_sharded(dcp_dir, module, contents, wants_optimizer)
@@ -241,29 +242,40 @@ def _require(directory: str, name: str, what: str) -> str:
     return path
 
 
-def _read_extra(directory: str) -> Dict:
-    path = _require(directory, EXTRA_FILE, "lr schedule and update count")
+def _read_torch_file(directory: str, name: str, what: str) -> Any:
+    path = _require(directory, name, what)
     try:
         return torch.load(path, weights_only=True)
     except Exception as exc:  # truncated zip, refused pickle: the file is damaged
-        raise _damaged(directory, EXTRA_FILE, exc) from exc
+        raise _damaged(directory, name, exc) from exc
+
+
+def read_extra(directory: str) -> Dict:
+    """``extra.pt`` of a checkpoint (lr schedule, update count), checked to read."""
+    return _read_torch_file(directory, EXTRA_FILE, "lr schedule and update count")
+
+
+def read_optimizer(directory: str) -> Dict:
+    """``optimizer.pt`` of a checkpoint, checked to read."""
+    return _read_torch_file(directory, OPTIMIZER_FILE, "the optimizer state")
 
 
 def _read_full(directory: str, module: torch.nn.Module, contents: Tuple[str, ...],
                wants_optimizer: bool) -> Tuple[Optional[Dict], Optional[Dict]]:
     weights = optim = None
     if "model" in contents:
+        if os.path.exists(os.path.join(directory, ADAPTER_CONFIG)):
+            raise CheckpointError(f"checkpoint {directory} holds LoRA adapters only "
+                                  f"({ADAPTER_CONFIG}), but this run trains all weights; "
+                                  "resume it with the LoRA settings it was written with "
+                                  "(actor_rollout_ref.model.lora_rank > 0)")
         if not os.path.exists(os.path.join(directory, MODEL_FILE)):
             raise DamagedCheckpointError(f"checkpoint {directory} has no {MODEL_FILE} and "
                                          f"no {SHARDED_DIR}/ (the model weights)")
         weights = load_tensors(os.path.join(directory, MODEL_FILE))
         _check_fits(directory, module, {k: tuple(v.shape) for k, v in weights.items()})
     if wants_optimizer:
-        path = _require(directory, OPTIMIZER_FILE, "the optimizer state")
-        try:
-            optim = torch.load(path, weights_only=True)
-        except Exception as exc:
-            raise _damaged(directory, OPTIMIZER_FILE, exc) from exc
+        optim = read_optimizer(directory)
     return weights, optim
 
 

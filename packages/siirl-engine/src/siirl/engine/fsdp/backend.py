@@ -5,6 +5,9 @@ Every rank runs the same number of forwards on its own rows; gradients are avera
 the data-parallel ranks (by FSDP2 when sharded, by one flat all-reduce when replicated).
 Batches live on the CPU between nodes; each micro-batch moves to the module's device for
 its forward, and forward-only results come back to the CPU.
+
+A LoRA module (peft-wrapped, ``siirl.engine.models.lora``) checkpoints and exports its
+adapters only (``adapter_checkpoint``) and sends the rollout its merged weights.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
 from siirl.engine.common.dynamic_batch import micro_batches
 from siirl.engine.common.replicas import average_gradients, broadcast_parameters
 from siirl.engine.common.weight_sync import Bucket, buckets_of
+from siirl.engine.fsdp import adapter_checkpoint
 from siirl.engine.fsdp.sharding import fix_architectures
+from siirl.engine.models import lora
 from siirl.errors import ConfigError
 
 # fsdp_config.model_dtype -> autocast dtype; None keeps everything in the weights' dtype
@@ -50,14 +55,16 @@ class FSDPBackend:
     """``module`` (already sharded when ``sharded``), its optimizer (None: forward only).
 
     ``replicated``: the module is whole on every rank of ``dp_group``; its weights are
-    taken from the group's first rank now and gradients averaged before each step."""
+    taken from the group's first rank now and gradients averaged before each step.
+    ``merge_on_export``: a LoRA module's HF export holds the merged model as well."""
 
     token_plans = True  # micro-batches may be cut by tokens (dynamic batch size)
 
     def __init__(self, module: torch.nn.Module, optimizer: Any = None, *, dp_rank: int = 0,
                  dp_size: int = 1, dp_group: Any = None, sharded: bool = False,
                  replicated: bool = False,
-                 grad_clip: Any = 1.0, autocast_dtype: Optional[torch.dtype] = None):
+                 grad_clip: Any = 1.0, autocast_dtype: Optional[torch.dtype] = None,
+                 merge_on_export: bool = False):
         if sharded and replicated:
             raise ValueError("a module is either sharded or replicated, not both")
         self.module, self.optimizer = module, optimizer
@@ -67,6 +74,8 @@ class FSDPBackend:
             broadcast_parameters(module, dp_group)
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
+        self.lora = lora.is_lora(module)
+        self.merge_on_export = merge_on_export
 
     @property
     def device(self) -> torch.device:
@@ -117,6 +126,9 @@ class FSDPBackend:
 
     def save_checkpoint(self, directory: str, extra: Dict[str, Any],
                         contents: Tuple[str, ...]) -> None:
+        if self.lora:
+            adapter_checkpoint.save_checkpoint(directory, self, extra, contents)
+            return
         if self.replicated:  # the replicas are equal: the first rank writes for all
             if self.dp_rank == 0:
                 ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
@@ -128,12 +140,18 @@ class FSDPBackend:
                              contents=contents)
 
     def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
+        if self.lora:
+            return adapter_checkpoint.load_checkpoint(directory, self, contents)
         return ckpt.load_checkpoint(directory, self.module, self.optimizer,
                                     sharded=self.sharded, group=self.dp_group,
                                     contents=contents)
 
     def export_hf(self, directory: str, tokenizer: Any) -> None:
-        """A plain transformers directory (config, safetensors weights, tokenizer)."""
+        """A plain transformers directory (config, safetensors weights, tokenizer); for
+        LoRA a peft adapter directory."""
+        if self.lora:
+            adapter_checkpoint.export_hf(directory, self, tokenizer, self.merge_on_export)
+            return
         state = ckpt.model_state_dict(self.module, self.sharded)
         if self.dp_rank == 0:
             finish = ((lambda tmp: fix_architectures(tmp, self.module)) if self.sharded
@@ -144,7 +162,11 @@ class FSDPBackend:
 
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """The full (unsharded) HF-named tensors in buckets of about ``bucket_bytes``
-        (collective when sharded: every rank gathers each tensor)."""
+        (collective when sharded: every rank gathers each tensor); LoRA: the base model's
+        names with the adapters merged in."""
+        if self.lora:
+            yield from buckets_of(lora.merged_weights(self.module), bucket_bytes)
+            return
         named = ((name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
                  for name, tensor in self.module.state_dict().items())
         yield from buckets_of(named, bucket_bytes)

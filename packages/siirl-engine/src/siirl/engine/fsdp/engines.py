@@ -23,7 +23,12 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.actor.embodied_actor import episode_logprobs, is_episode_batch
 from siirl.engine.actor.engine import ActorEngine
-from siirl.engine.actor.reference import ReferenceEngine, initial_policy, reference_needed
+from siirl.engine.actor.reference import (
+    ReferenceEngine,
+    initial_policy,
+    reference_needed,
+    shares_actor_base,
+)
 from siirl.engine.common.backend import Head
 from siirl.engine.common.config import run_seed, typed_config
 from siirl.engine.common.model_loading import load_policy
@@ -38,6 +43,7 @@ from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import build_value_model, response_values
 from siirl.engine.fsdp.backend import FSDPBackend, compute_dtype
 from siirl.engine.fsdp.sharding import replicates, shard_fsdp2
+from siirl.engine.models import lora
 from siirl.engine.models.logprob import response_logprobs
 from siirl.engine.models.padding import on_used_columns
 from siirl.errors import ConfigError
@@ -98,26 +104,32 @@ def data_parallel_layout(group: Any, fsdp_config: Any, key: str) -> Tuple[bool, 
 def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Module] = None,
                tokenizer: Any = None, logprob_fn: Optional[Callable] = None) -> ActorEngine:
     """The policy; ``module``/``tokenizer``/``logprob_fn`` may be injected (tests, custom
-    models), by default the model of ``actor_rollout_ref.model`` is loaded in fp32."""
+    models), by default the model of ``actor_rollout_ref.model`` is loaded in fp32. With
+    ``lora_rank > 0`` the module gets LoRA adapters and only they train."""
     cfg = typed_config(config)
-    actor_cfg = cfg.actor_rollout_ref.actor
+    actor_cfg, model_cfg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
     rank, world_size = data_parallel_world(worker)
     if module is None:
         module, tokenizer = load_policy(cfg)
+    adapters = lora.lora_enabled(model_cfg)
+    if adapters:
+        module = lora.wrap(module, model_cfg, seed=run_seed(cfg))
     group = process_group(worker, "actor")
     sharded, replicated = data_parallel_layout(group, actor_cfg.fsdp_config,
                                                "actor_rollout_ref.actor.fsdp_config")
     initial = None
     if sharded:
         # Sharded modules cannot be deep-copied later, so when a reference policy will be
-        # needed its initial weights are copied now, before sharding and any update.
-        if reference_needed(cfg):
+        # needed its initial weights are copied now, before sharding and any update. LoRA
+        # needs no copy: the frozen base weights are the reference's.
+        if reference_needed(cfg) and not adapters:
             initial = copy.deepcopy(module)
         shard_fsdp2(module, actor_cfg.fsdp_config.reshard_after_forward, group)
     backend = FSDPBackend(module, build_optimizer(module.parameters(), actor_cfg.optim),
                           dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
                           replicated=replicated, grad_clip=actor_cfg.grad_clip,
-                          autocast_dtype=compute_dtype(actor_cfg.fsdp_config.model_dtype))
+                          autocast_dtype=compute_dtype(actor_cfg.fsdp_config.model_dtype),
+                          merge_on_export=bool(model_cfg.lora_merge_on_export))
     return ActorEngine(backend, cfg, logprob_heads(logprob_fn), tokenizer=tokenizer,
                        initial_module=initial)
 
@@ -125,16 +137,26 @@ def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mod
 def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngine] = None,
                    module: Optional[torch.nn.Module] = None,
                    logprob_fn: Optional[Callable] = None) -> ReferenceEngine:
-    """The frozen initial policy: ``module``, else the initial weights of ``actor``."""
+    """The frozen initial policy: ``module``, else the initial weights of ``actor``; for a
+    LoRA actor its own module with the adapters switched off (no copy)."""
     cfg = typed_config(config)
     if not reference_needed(cfg):
         return ReferenceEngine(cfg)
+    ref_cfg = cfg.actor_rollout_ref.ref
+    autocast = compute_dtype(ref_cfg.fsdp_config.model_dtype)
+    if module is None and shares_actor_base(actor):
+        # already laid out (sharded or not) for the actor's ranks; the actor sets its
+        # train/eval mode and gradients, so nothing of it is frozen here
+        trained = actor.backend
+        backend = FSDPBackend(trained.module, dp_rank=trained.dp_rank, dp_size=trained.dp_size,
+                              dp_group=trained.dp_group, sharded=trained.sharded,
+                              autocast_dtype=autocast)
+        return ReferenceEngine(cfg, backend, lora.without_adapters(logprob_heads(logprob_fn)))
     if module is None:
         module = initial_policy(actor, lambda: load_policy(cfg)[0])
     module.requires_grad_(False)
     module.eval()
     group = process_group(worker, "reference")
-    ref_cfg = cfg.actor_rollout_ref.ref
     # frozen: a replicated reference needs no communication at all
     sharded, _ = data_parallel_layout(group, ref_cfg.fsdp_config,
                                       "actor_rollout_ref.ref.fsdp_config")
@@ -142,8 +164,7 @@ def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngi
         shard_fsdp2(module, ref_cfg.fsdp_config.reshard_after_forward, group)
     rank, world_size = data_parallel_world(worker)
     backend = FSDPBackend(module, dp_rank=rank, dp_size=world_size, dp_group=group,
-                          sharded=sharded,
-                          autocast_dtype=compute_dtype(ref_cfg.fsdp_config.model_dtype))
+                          sharded=sharded, autocast_dtype=autocast)
     return ReferenceEngine(cfg, backend, logprob_heads(logprob_fn))
 
 

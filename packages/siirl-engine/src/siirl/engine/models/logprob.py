@@ -25,13 +25,15 @@ def _forward_params(cls: type) -> tuple[frozenset, bool]:
 
 
 def accepts_kwarg(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model.forward`` names ``name``; looks through wrappers (FSDP1, DDP) whose
-    forward is ``(*args, **kwargs)`` to the wrapped module."""
+    """Whether ``model.forward`` names ``name``; looks through wrappers (FSDP1, DDP, peft)
+    whose forward passes ``**kwargs`` on to the wrapped module."""
     for _ in range(4):
         names, varkw = _forward_params(type(model))
         if name in names:
             return True
         inner = getattr(model, "module", None) or getattr(model, "_fsdp_wrapped_module", None)
+        if inner is None and callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()  # peft's PeftModel
         if not varkw or not isinstance(inner, torch.nn.Module):
             return False
         model = inner

@@ -1,0 +1,366 @@
+"""LoRA through peft (actor_rollout_ref.model.lora_rank > 0) on the fsdp actor: only the
+adapters train; the reference is the actor's own module with its adapters off, equal to the
+base model; rollouts that receive weights get the merged weights under the base model's
+names; checkpoints hold the adapters only; FSDP2 over 2 gloo ranks trains like one process.
+"""
+
+import copy
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from siirl.data_coordinator.protocol import make_batch
+from siirl.engine.common.checkpoint import EXTRA_FILE, OPTIMIZER_FILE, load_tensors
+from siirl.engine.common.weight_sync import copy_into
+from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
+from siirl.engine.models import lora
+from siirl.engine.models.logprob import response_logprobs
+from siirl.errors import ConfigError
+from siirl.params.parser import parse_config
+
+peft = pytest.importorskip("peft", reason='peft is not installed: pip install '
+                                          '"siirl-engine[lora]"')
+
+VOCAB, PROMPT, RESPONSE = 32, 4, 5
+LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.model.target_modules=all-linear"]
+BASE = ["actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.seed=3"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors; the test machine's cores are shared
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    return LlamaForCausalLM(config).float()
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0")
+
+
+def rollout_batch(rows: int = 4, seed: int = 0):
+    """Left-padded prompts + right-padded responses, advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, VOCAB, (rows, PROMPT), generator=g)
+    responses = torch.randint(3, VOCAB, (rows, RESPONSE), generator=g)
+    prompt_mask = torch.ones(rows, PROMPT, dtype=torch.long)
+    response_mask = torch.ones(rows, RESPONSE)
+    for i in range(0, rows, 2):
+        prompts[i, 0], prompt_mask[i, 0] = 0, 0
+        responses[i, -1], response_mask[i, -1] = 0, 0
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    return make_batch({
+        "prompts": prompts, "responses": responses, "response_mask": response_mask,
+        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp_min(0),
+        "advantages": response_mask * torch.linspace(-1.0, 2.0, rows)[:, None],
+    })
+
+
+def logprobs_of(model, batch):
+    """Log-probs of the responses (0 at padding, as the engines leave them)."""
+    with torch.no_grad():
+        log_probs = response_logprobs(model.eval(), batch["input_ids"],
+                                      batch["attention_mask"], batch["position_ids"],
+                                      RESPONSE)[0]
+    return log_probs * batch["response_mask"]
+
+
+def lora_actor(*overrides, module=None, worker=None):
+    config = parse_config(BASE + LORA + list(overrides))
+    module = module if module is not None else tiny_model()
+    return config, fsdp_actor(config, worker, module=module, tokenizer=tiny_tokenizer())
+
+
+def trained_actor(*overrides):
+    """(base model before training, config, actor after one update)."""
+    base = tiny_model()
+    config, actor = lora_actor(*overrides, module=copy.deepcopy(base))
+    batch = actor.compute_log_prob(rollout_batch()).batch
+    batch.set("ref_log_prob", batch["old_log_probs"].clone())
+    actor.update_policy(batch)
+    return base, config, actor
+
+
+def test_only_the_adapters_train():
+    base, _, actor = trained_actor()
+    module = actor.module
+    assert lora.is_lora(module)
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    optimized = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in module.parameters() if p.requires_grad}
+    # every linear layer but the output head got adapters (all-linear)
+    assert len(trainable) == 2 * 7 * 2  # A and B x 7 projections x 2 layers
+    # the update moved the adapters and left the base weights bitwise as loaded
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            key = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(param, base.state_dict()[key]), name
+    assert any(p.abs().sum() > 0 for n, p in module.named_parameters() if ".lora_B." in n)
+
+
+def test_reference_is_the_base_model_without_a_copy():
+    base, config, actor = trained_actor()
+    reference = fsdp_reference(config, actor=actor)
+    assert reference.module is actor.module  # the actor's module, not a copy
+    batch = rollout_batch(seed=5)
+    want = logprobs_of(base, batch)
+    got = reference.compute_ref_log_prob(batch.clone()).batch["ref_log_prob"]
+    assert torch.equal(got, want)  # bitwise: the adapters are off, the base is untouched
+    policy = actor.compute_log_prob(batch.clone()).batch["old_log_probs"]
+    assert not torch.allclose(policy, want)  # the trained adapters act outside it
+    assert all(p.requires_grad for n, p in actor.module.named_parameters() if "lora_" in n)
+
+
+def test_reference_equals_base_before_training():
+    base = tiny_model()
+    config, actor = lora_actor(module=copy.deepcopy(base))
+    with torch.no_grad():  # adapters away from their zero init, so they would show
+        for name, param in actor.module.named_parameters():
+            if ".lora_B." in name:
+                param.normal_()
+    reference = fsdp_reference(config, actor=actor)
+    batch = rollout_batch(seed=1)
+    assert torch.equal(reference.compute_ref_log_prob(batch.clone()).batch["ref_log_prob"],
+                       logprobs_of(base, batch))
+
+
+def test_merged_weights_equal_peft_merge_and_leave_the_module_as_it_was():
+    _, _, actor = trained_actor()
+    module = actor.module
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    merged = dict(lora.merged_weights(module))
+    want = copy.deepcopy(module).merge_and_unload().state_dict()
+    assert sorted(merged) == sorted(want)  # the base model's own names
+    for name, tensor in want.items():
+        assert (merged[name] - tensor).abs().max() <= 1e-6, name
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in before.items())
+    buckets = list(actor.export_weights(1 << 12))  # what a vllm/sglang rollout receives
+    assert len(buckets) > 1 and {n for b in buckets for n, _ in b} == set(want)
+    plain = tiny_model(seed=9)  # a rollout's own copy of the base model takes them
+    assert copy_into(plain, buckets) > 0
+    batch = rollout_batch(seed=6)
+    assert torch.allclose(logprobs_of(plain, batch), logprobs_of(module, batch), atol=1e-5)
+
+
+def test_hf_rollout_generates_with_the_adapters():
+    from siirl.engine.rollout.hf_rollout import HFRollout
+
+    _, config, actor = trained_actor()
+    rollout = HFRollout(config=config, peers={"actor": actor})
+    module, _ = rollout.policy()
+    assert module is actor.module and lora.is_lora(module)
+    assert rollout.load_weights(iter(())) == 0  # trained in place: nothing to copy
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing")  # peft on transformers 5
+def test_adapter_only_checkpoint_round_trip(tmp_path):
+    _, config, actor = trained_actor()
+    folder = tmp_path / "actor"
+    actor.save_checkpoint(str(folder))
+    assert sorted(os.listdir(folder)) == sorted(
+        [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, OPTIMIZER_FILE, EXTRA_FILE])
+    saved = load_tensors(str(folder / lora.ADAPTER_WEIGHTS))
+    assert len(saved) == 28 and all(".lora_A." in k or ".lora_B." in k for k in saved)
+    assert json.loads((folder / lora.ADAPTER_CONFIG).read_text())["r"] == 4
+
+    # a fresh actor (other adapter init) takes the adapters, moments and update count back
+    _, fresh = lora_actor("trainer.seed=11")
+    fresh.load_checkpoint(str(folder))
+    trained = dict(actor.module.named_parameters())
+    for name, param in fresh.module.named_parameters():
+        assert torch.equal(param, trained[name]), name
+    def moments(engine):
+        return {n: engine.optimizer.state[p]["exp_avg"]
+                for n, p in engine.module.named_parameters() if p.requires_grad}
+
+    moments, reloaded = moments(actor), moments(fresh)
+    assert moments.keys() == reloaded.keys()
+    assert all(torch.equal(moments[n], reloaded[n]) for n in moments)
+    assert fresh.actor.update_count == actor.actor.update_count == 1
+
+    # the folder is a peft adapter folder: PeftModel.from_pretrained loads it
+    loaded = peft.PeftModel.from_pretrained(tiny_model(), str(folder))
+    batch = rollout_batch(seed=2)
+    assert torch.allclose(logprobs_of(loaded, batch), logprobs_of(actor.module, batch),
+                          atol=1e-6)
+
+
+def test_checkpoint_of_another_kind_is_refused(tmp_path):
+    from siirl.dag_worker.checkpoint_errors import CheckpointError
+
+    _, _, actor = trained_actor()
+    actor.save_checkpoint(str(tmp_path / "lora"))
+    full = fsdp_actor(parse_config(BASE), module=tiny_model())
+    full.save_checkpoint(str(tmp_path / "full"))
+    with pytest.raises(CheckpointError, match="holds full model weights"):
+        actor.load_checkpoint(str(tmp_path / "full"))
+    with pytest.raises(CheckpointError, match="LoRA adapters only"):
+        full.load_checkpoint(str(tmp_path / "lora"))
+    _, other_rank = lora_actor("actor_rollout_ref.model.lora_rank=2")
+    with pytest.raises(CheckpointError, match="does not match this run's LoRA"):
+        other_rank.load_checkpoint(str(tmp_path / "lora"))
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_hf_export_writes_the_adapter_and_on_request_the_merged_model(tmp_path, merge):
+    from transformers import AutoModelForCausalLM
+
+    _, _, actor = trained_actor(f"actor_rollout_ref.model.lora_merge_on_export={merge}")
+    out = tmp_path / "huggingface"
+    actor.export_hf(str(out))
+    names = set(os.listdir(out))
+    assert {lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, "tokenizer.json"} <= names
+    assert "model.safetensors" not in names
+    assert ("merged" in names) == merge
+    if merge:
+        merged = AutoModelForCausalLM.from_pretrained(str(out / "merged"))
+        batch = rollout_batch(seed=4)
+        assert torch.allclose(logprobs_of(merged, batch), logprobs_of(actor.module, batch),
+                              atol=1e-5)
+
+
+def test_a_missing_peft_names_the_pip_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
+    with pytest.raises(ConfigError) as info:
+        lora_actor()
+    assert 'pip install "siirl-engine[lora]"' in str(info.value)
+    assert "actor_rollout_ref.model.lora_rank" in str(info.value)
+
+
+def test_target_modules_list_and_exclude_modules():
+    _, actor = lora_actor("actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+                          "actor_rollout_ref.model.exclude_modules=.*layers\\.1\\..*")
+    trainable = [n for n, p in actor.module.named_parameters() if p.requires_grad]
+    assert len(trainable) == 4 and all("layers.0." in n for n in trainable)
+    with pytest.raises(ConfigError, match="target_modules"):
+        lora_actor("actor_rollout_ref.model.target_modules=[no_such_layer]")
+
+
+@pytest.mark.parametrize("overrides,refused", [
+    (["actor_rollout_ref.model.lora_rank=8"], False),
+    (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"], True),
+    (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.ref.strategy=megatron"], True),
+    (["critic.model.lora_rank=8"], True),
+])
+def test_where_lora_is_refused(overrides, refused):
+    if refused:
+        with pytest.raises(ConfigError, match="lora_rank"):
+            parse_config(overrides)
+    else:
+        parse_config(overrides)
+
+
+def test_lora_settings_without_lora_are_a_notice(capsys):
+    parse_config(["actor_rollout_ref.model.lora_alpha=32"])
+    assert "lora_alpha" in capsys.readouterr().err
+
+
+# ---- FSDP2 over two gloo ranks ---------------------------------------------------------
+
+ONE_MINI_BATCH = ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # 8 rows, one step
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, workdir: str) -> None:
+    """One rank: a sharded LoRA actor and its reference update on half the batch, then
+    write metrics, the merged weights and a checkpoint (then load it back)."""
+    import torch.distributed as dist
+
+    from siirl.engine.common.sharded_modules import fsdp_modules
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        worker = SimpleNamespace(rank=rank, world_size=2, engines={})
+        config, actor = lora_actor(*ONE_MINI_BATCH, worker=worker)
+        assert actor.sharded
+        # each decoder layer (found through peft's wrapper) and the root are FSDP2 units
+        assert len(fsdp_modules(actor.module)) == 3
+        reference = fsdp_reference(config, worker, actor=actor)
+        assert reference.module is actor.module
+        batch = torch.load(os.path.join(workdir, "batch.pt"), weights_only=True)
+        local = make_batch({k: batch[k][rank * 4:(rank + 1) * 4] for k in batch.keys()})
+        # the reference's forward first, as when the old log-probs are deferred to the
+        # update: FSDP2 initialises while the adapters are off, and must still train them
+        local = reference.compute_ref_log_prob(local).batch
+        local.set("old_log_probs", batch["old_log_probs"][rank * 4:(rank + 1) * 4])
+        metrics = actor.update_policy(local).metrics
+        merged = dict(lora.merged_weights(actor.module))  # collective
+        actor.save_checkpoint(os.path.join(workdir, "ckpt"))
+        before = lora.adapter_state(actor.module)
+        actor.load_checkpoint(os.path.join(workdir, "ckpt"))
+        assert all(torch.equal(before[k], v) for k, v in lora.adapter_state(actor.module).items())
+        if rank == 0:
+            torch.save({"metrics": metrics, "merged": merged, "ref": local["ref_log_prob"]},
+                       os.path.join(workdir, "result.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available()
+                         and torch.distributed.is_gloo_available()), reason="no gloo")
+def test_two_sharded_ranks_train_like_one_process(tmp_path):
+    config, single = lora_actor(*ONE_MINI_BATCH)
+    batch = single.compute_log_prob(rollout_batch(rows=8)).batch
+    reference = fsdp_reference(config, actor=single)
+    batch = reference.compute_ref_log_prob(batch).batch
+    want = single.update_policy(batch).metrics
+    torch.save({k: batch[k] for k in batch.keys() if k != "ref_log_prob"},
+               tmp_path / "batch.pt")
+    context = mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 150
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the 2-rank FSDP2 LoRA run did not finish in 150 s")
+    got = torch.load(tmp_path / "result.pt", weights_only=True)
+    assert torch.equal(got["ref"], batch["ref_log_prob"][:4])
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+        assert got["metrics"][key] == pytest.approx(want[key], abs=1e-5), key
+    assert got["metrics"]["actor/grad_norm"] > 0
+    merged = dict(lora.merged_weights(single.module))
+    assert max((merged[k] - got["merged"][k]).abs().max().item() for k in merged) < 1e-5
+    folder = tmp_path / "ckpt"  # one whole copy of the adapters, written by rank 0
+    assert sorted(os.listdir(folder)) == sorted(
+        [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, OPTIMIZER_FILE, EXTRA_FILE])
