@@ -41,6 +41,10 @@ def engine_bytes(engines: Dict[str, Any]) -> int:
         if module is None or not hasattr(module, "parameters"):
             continue
         params = list(module.parameters())
+        if getattr(engine, "optimizer", None) is not None and \
+                any(not p.requires_grad for p in params):
+            # a trained engine with frozen weights (LoRA) saves its trainable ones only
+            params = [p for p in params if p.requires_grad]
         weights = sum(p.numel() * p.element_size() for p in params)
         moments = 8 * sum(p.numel() for p in params) \
             if getattr(engine, "optimizer", None) is not None else 0

