@@ -22,8 +22,6 @@ each task's first episode as a GIF under ``<trainer.default_local_dir>/val_video
 
 from __future__ import annotations
 
-import atexit
-import inspect
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
@@ -52,96 +50,10 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.environment.agentic.rollout_node import episode_seed
-from siirl.environment.embodied.base import EmbodiedEnv, stack_observations
-from siirl.environment.embodied.registry import embodied_env_class, make_embodied_env
-from siirl.environment.embodied.venv import VectorEmbodiedEnv
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
+from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
-
-EMBODIED = "actor_rollout_ref.embodied"
-
-
-# ------------------------------------------------------------------------- environments
-def env_spec(config: Any) -> tuple:
-    """``(name, settings)`` of the environment ``actor_rollout_ref.embodied.env`` asks for:
-    ``env_type`` names it, ``env_config`` holds its own settings, and siiRL's ``max_steps``,
-    ``env_name`` (a LIBERO suite, or task ids) and ``num_steps_wait`` fill what it takes."""
-    env = select(config, f"{EMBODIED}.env")
-    name = str(env.env_type)
-    settings = dict(env.env_config or {})
-    cls = embodied_env_class(name, f"{EMBODIED}.env.env_type")
-    try:
-        accepted = set(inspect.signature(cls).parameters)
-    except (TypeError, ValueError):
-        accepted = set()
-    if "max_steps" in accepted:
-        settings.setdefault("max_steps", int(env.max_steps))
-    env_name = str(env.env_name or "")
-    if name == "libero" and env_name:
-        settings.setdefault("suites", [env_name])
-    elif env_name and env_name not in ("all", "libero_10") and "tasks" in accepted:
-        settings.setdefault("tasks", [t for t in env_name.split(",") if t])
-    if "settle_steps" in accepted:
-        settings.setdefault("settle_steps", int(env.num_steps_wait))
-    return name, settings
-
-
-class LocalEnvs:
-    """Environments in this process, with :class:`VectorEmbodiedEnv`'s batch calls
-    (``actor_rollout_ref.embodied.env.num_envs=0``: a pure-numpy task needs no process)."""
-
-    def __init__(self, name: str, settings: Dict[str, Any], count: int):
-        self.envs: List[EmbodiedEnv] = [make_embodied_env(name, settings)
-                                        for _ in range(max(1, count))]
-        first = self.envs[0]
-        self.task_ids, self.action_dim = list(first.task_ids), first.action_dim
-        self.max_steps = first.max_steps
-        self.errors = {"timeout": 0, "crash": 0, "step": 0}
-        self.clipped = 0
-        self._spec = (name, settings)
-
-    @property
-    def num_envs(self) -> int:
-        return len(self.envs)
-
-    def grow(self, count: int) -> None:
-        while len(self.envs) < count:
-            self.envs.append(make_embodied_env(*self._spec))
-
-    def reset(self, task_ids: Sequence[str], seeds: Sequence[int], env_ids: Sequence[int]):
-        return stack_observations([self.envs[i].reset(t, s)
-                                   for i, t, s in zip(env_ids, task_ids, seeds, strict=True)])
-
-    def step(self, actions: np.ndarray, env_ids: Sequence[int]):
-        results = [self.envs[i].step(a) for i, a in zip(env_ids, actions, strict=True)]
-        self.clipped += sum(int(r[3].get("clipped", 0)) for r in results)
-        return (stack_observations([r[0] for r in results]),
-                np.array([r[1] for r in results], np.float32),
-                np.array([r[2] for r in results], bool), [r[3] for r in results])
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-
-
-_ENVS: Dict[tuple, Any] = {}  # this worker's environments, kept for the run
-
-
-def worker_envs(config: Any, episodes: int) -> Any:
-    env = select(config, f"{EMBODIED}.env")
-    name, settings = env_spec(config)
-    processes = int(env.num_envs or 0)
-    timeout = float(select(config, f"{EMBODIED}.env.step_timeout_s", 60.0) or 60.0)
-    key = (name, repr(sorted(settings.items())), processes, timeout)
-    if key not in _ENVS:
-        _ENVS[key] = VectorEmbodiedEnv(name, processes, timeout, config=settings) \
-            if processes > 0 else LocalEnvs(name, settings, episodes)
-        atexit.register(_ENVS[key].close)
-    envs = _ENVS[key]
-    if isinstance(envs, LocalEnvs):
-        envs.grow(episodes)
-    return envs
 
 
 # ------------------------------------------------------------------------------ episodes
@@ -285,9 +197,31 @@ def _save_videos(episodes: Sequence[Episode], config: Any, worker: Any) -> Dict[
     return {"val-env/videos": float(len(written))}
 
 
+def check_settings(config: Any) -> None:
+    """What the EMBODIED workflow does not run yet, refused by name before any episode."""
+    refused = {
+        "actor_rollout_ref.rollout.name": ("hf", "the VLA's images reach the model through "
+                                           "the hf rollout only; vllm/sglang would drop them"),
+        "actor_rollout_ref.actor.strategy": ("fsdp", "the episode log-prob head runs on "
+                                             "FSDP modules; Megatron has no VLA model"),
+        "algorithm.adv_estimator": ("grpo", "episode rows have no critic values: GAE needs "
+                                    "a value head over images, which is not built"),
+    }
+    for key, (wanted, why) in refused.items():
+        value = str(select(config, key, wanted) or wanted).lower()
+        if key == "actor_rollout_ref.actor.strategy" and value in ("fsdp", "fsdp2"):
+            continue
+        if key == "algorithm.adv_estimator" and value != "gae":
+            continue
+        if value != wanted:
+            raise ConfigError(f"algorithm.workflow_type=EMBODIED: {key}={value} is not "
+                              f"supported ({why}); use {key}={wanted}")
+
+
 def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
                      validate: bool = False, **_: Any) -> NodeOutput:
     """Node function: episodes for the prompt rows of ``batch`` -> one row per episode."""
+    check_settings(config)
     rollout, actor = worker.engines.rollout, worker.engines.actor
     tokenizer = actor.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
