@@ -325,6 +325,10 @@ class DAGWorker:
                                 self.taskgraph):  # the environment scored the episodes
                 return NodeOutput(batch=env_rewards(batch),
                                   metrics={"reward/env_score/mean": batch[ENV_SCORES].mean()})
+        if self.engines.reward_model_enabled():  # the model scores first; the manager adds
+            scored = self.engines.reward_model.compute_rm_score(batch)
+            out = self.engines.reward.compute_reward(scored.batch)
+            return NodeOutput(batch=out.batch, metrics={**scored.metrics, **out.metrics})
         return self.engines.reward.compute_reward(batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:

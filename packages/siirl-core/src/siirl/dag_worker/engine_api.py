@@ -36,6 +36,15 @@ class RewardEngine(Protocol):
 
 
 @runtime_checkable
+class RewardModelEngine(Protocol):
+    """``siirl.engines`` for role ``reward_model`` (``reward_model.enable``): write each
+    row's model score as ``rm_scores`` ([B, R], on its last response token) for the reward
+    manager to add to the rule scores."""
+
+    def compute_rm_score(self, batch: Any) -> NodeOutput: ...
+
+
+@runtime_checkable
 class ActorEngine(Protocol):
     """``siirl.engines`` for role ``actor``: log-probs and policy updates."""
 
@@ -63,6 +72,7 @@ class CriticEngine(Protocol):
 ROLE_PROTOCOLS = {
     "rollout": RolloutEngine,
     "reward": RewardEngine,
+    "reward_model": RewardModelEngine,
     "actor": ActorEngine,
     "reference": ReferenceEngine,
     "critic": CriticEngine,

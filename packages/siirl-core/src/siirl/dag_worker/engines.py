@@ -31,8 +31,14 @@ ROLE_SOURCES: Dict[str, Tuple[str, str, str]] = {
     "critic": ("siirl.engines", "critic.strategy", "actor_rollout_ref.actor.strategy"),
     "rollout": ("siirl.rollouts", "actor_rollout_ref.rollout.name", ""),
     "reward": ("siirl.reward_managers", "reward_model.reward_manager", ""),
+    # the reward model (or LLM judge) of reward_model.enable=true: the role "reward_model"
+    # of the training backend named by reward_model.strategy
+    "reward_model": ("siirl.engines", "reward_model.strategy", ""),
 }
-BUILD_ORDER = ("actor", "rollout", "reference", "critic", "reward")
+BUILD_ORDER = ("actor", "rollout", "reference", "critic", "reward", "reward_model")
+# With this key true a worker that builds the reward manager builds the reward model too;
+# the reward node scores with both (DAGWorker.compute_reward).
+REWARD_MODEL_KEY = "reward_model.enable"
 # With this key true the rollout engine of rollout.name is wrapped in the "multi_turn"
 # rollout plugin (siirl-envs: the tool-calling loop), handed the engine as peers["rollout"].
 MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn.enable"
@@ -70,8 +76,8 @@ def _accepts(factory: Any, name: str) -> bool:
 
 
 class WorkerEngines:
-    """One engine per role: ``actor``, ``rollout``, ``reference``, ``critic``, ``reward``
-    (None until built)."""
+    """One engine per role: ``actor``, ``rollout``, ``reference``, ``critic``, ``reward``,
+    ``reward_model`` (None until built)."""
 
     def __init__(self, config: Any, worker: Any):
         self.config = config
@@ -87,9 +93,18 @@ class WorkerEngines:
             raise PluginNotFoundError(f"no engine configured for role '{role}': set {key}")
         return group, str(name), key
 
+    def reward_model_enabled(self) -> bool:
+        return bool(select(self.config, REWARD_MODEL_KEY, False))
+
+    def _with_reward_model(self, roles: Iterable[str]) -> list:
+        roles = list(roles)
+        if "reward" in roles and "reward_model" not in roles and self.reward_model_enabled():
+            roles.append("reward_model")
+        return roles
+
     def resolve(self, roles: Iterable[str]) -> None:
         """Import the plugin of every role now, so a missing one fails before any step."""
-        for role in roles:
+        for role in self._with_reward_model(roles):
             group, name, key = self.plugin_name(role)
             load_plugin(group, name, what=f"{key}={name}")
             if self._multi_turn(role, name):
@@ -111,7 +126,7 @@ class WorkerEngines:
     def build(self, roles: Iterable[str]) -> None:
         """Build the engines of ``roles``, and the peers their plugins need, in dependency
         order."""
-        wanted, todo = set(), list(roles)
+        wanted, todo = set(), self._with_reward_model(roles)
         while todo:
             role = todo.pop()
             if role not in wanted:
@@ -180,3 +195,7 @@ class WorkerEngines:
     @property
     def reward(self) -> Any:
         return self.get("reward")
+
+    @property
+    def reward_model(self) -> Any:
+        return self.get("reward_model")

@@ -36,6 +36,7 @@ from siirl.params.model_args import (
 from siirl.params.profiler_args import ProfilerArguments
 from siirl.params.reward_args import (
     CustomRewardFunctionArguments,
+    GenerativeJudgeArguments,
     OverlongBufferArguments,
     RewardModelArguments,
     RewardModelModelArguments,
@@ -93,6 +94,7 @@ __all__ = [
     "EnvManagerArguments",
     "FSDPArguments",
     "FilterGroupsArguments",
+    "GenerativeJudgeArguments",
     "KLCtrlArguments",
     "MegatronArguments",
     "ModelArguments",

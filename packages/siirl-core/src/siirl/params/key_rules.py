@@ -59,6 +59,10 @@ def _refused(patterns, tag: str, why: str, when: Optional[Condition] = None) -> 
 
 _OFFLOAD = ("CPU offload is not implemented yet (issue 19); parameters and optimizer state "
             "stay on the device.")
+_NO_MEGATRON_PACKING = (
+    "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
+    "take padded micro-batches (megatron's own THD packing is not wired up); with "
+    "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
 _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
              "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel")
 
@@ -126,7 +130,23 @@ _VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
 _REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
     "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
     "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
-    "megatron.*"))
+    "style", "rm_weight", "judge.*"))
+_RM_CLASSIFIER_KEYS = tuple(f"reward_model.{k}" for k in (
+    "micro_batch_size", "micro_batch_size_per_gpu", "use_dynamic_bsz",
+    "forward_max_token_len_per_gpu", "ulysses_sequence_parallel_size", "model.fsdp_config.*",
+    "model.use_remove_padding"))
+
+
+def _rm_off(config: Any, key: str) -> bool:
+    return not get(config, "reward_model.enable", False)
+
+
+def _rm_judge(config: Any, key: str) -> bool:
+    return str(get(config, "reward_model.style", "discriminative")) == "generative"
+
+
+def _rm_classifier(config: Any, key: str) -> bool:
+    return not _rm_off(config, key) and not _rm_judge(config, key)
 
 RULES: Tuple[Rule, ...] = (
     # -- algorithm
@@ -167,8 +187,9 @@ RULES: Tuple[Rule, ...] = (
     _na("data.return_raw_chat", "no effect: the raw chat is always kept",
         "every row keeps its chat messages (raw_prompt) whatever this says; multi-turn and "
         "agentic rollouts read them from there."),
-    _na("data.return_raw_input_ids", "no effect without a reward model",
-        "raw input ids only feed a reward model, which this release refuses."),
+    _na("data.return_raw_input_ids", "no effect: the reward model makes its own inputs",
+        "the reward model reads the actor's ids, or (another tokenizer) decodes and "
+        "re-tokenises the prompt and response itself: no raw ids are needed."),
     _na("data.return_full_prompt", "no effect: single-turn rollouts",
         "the full prompt text is only used by multi-turn rollouts (issue 17)."),
     _na("data.validation_shuffle", "no effect: validation covers the whole set",
@@ -203,10 +224,11 @@ RULES: Tuple[Rule, ...] = (
     _na(("critic.model.lora_alpha", "critic.model.target_modules"),
         "no effect: the critic has no LoRA",
         "the critic trains all its weights (critic.model.lora_rank is refused)."),
-    _refused(("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding"),
-             "packing lands with issue 19",
-             "remove-padding (sequence packing) is not implemented yet (issue 19); batches "
-             "are padded (use_remove_padding=false)."),
+    _refused("actor_rollout_ref.model.use_remove_padding", "packing runs on the fsdp strategy",
+             _NO_MEGATRON_PACKING, lambda config, key: any(
+                 str(get(config, f"{role}.strategy")) == "megatron" for role in (ACTOR, REF))),
+    _refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
+             _NO_MEGATRON_PACKING, strategy_is("critic.strategy", megatron=True)),
     _refused(("actor_rollout_ref.model.enable_activation_offload",
               "critic.model.enable_activation_offload"), "offload lands with issue 19",
              "activation offload is not implemented (issue 19); enable_gradient_checkpointing "
@@ -316,10 +338,58 @@ RULES: Tuple[Rule, ...] = (
     _na("critic.model.tokenizer_path", "no effect: the critic reads the actor's tokens",
         "the critic scores the actor's token ids; no second tokenizer is loaded."),
     # -- reward model
-    _refused("reward_model.enable", "reward models land with issue 19",
-             "model-based rewards are not implemented yet (issue 19); rewards come from "
-             "reward_model.reward_manager with default_compute_score or "
-             "custom_reward_function."),
+    _na(_REWARD_MODEL_KEYS, "no effect without a reward model",
+        "reward-model settings only act with reward_model.enable=true.", _rm_off),
+    _refused("reward_model.enable", "not with the embodied reward manager",
+             "the embodied reward manager scores episodes, not text a reward model could "
+             "read: keep reward_model.enable=false with reward_model.reward_manager=embodied.",
+             lambda config, key: get(config, "reward_model.reward_manager") == "embodied"),
+    _refused("reward_model.strategy", "the reward model runs on fsdp",
+             "a Megatron reward model is not implemented: reward_model.strategy=fsdp loads it "
+             "with transformers, held whole by each worker or sharded with FSDP2.",
+             lambda config, key: str(get(config, key)) == "megatron"),
+    _na("reward_model.megatron.*", "no effect: the reward model runs on fsdp",
+        "a Megatron reward model is not implemented (reward_model.strategy=megatron is "
+        "refused)."),
+    _na("reward_model.judge.*", "no effect unless style=generative",
+        "judge settings only act with reward_model.style=generative.",
+        lambda config, key: not _rm_judge(config, key)),
+    _na(_RM_CLASSIFIER_KEYS, "no effect with the generative judge",
+        "the judge replies through a rollout engine (its batches: "
+        "actor_rollout_ref.rollout.max_num_seqs); sequence-classifier settings do not apply.",
+        _rm_judge),
+    _na(("reward_model.model.path", "reward_model.model.trust_remote_code",
+         "reward_model.model.external_lib"), "no effect: the judge is the rollout engine",
+        "with reward_model.judge.source=rollout the policy's rollout engine judges; "
+        "reward_model.model.* names a judge of its own with judge.source=model.",
+        lambda config, key: _rm_judge(config, key) and
+        str(get(config, "reward_model.judge.source", "rollout")) == "rollout"),
+    _refused(("reward_model.model.fsdp_config.param_offload",
+              "reward_model.model.fsdp_config.offload_policy"), "offload lands with issue 19",
+             _OFFLOAD, _rm_classifier),
+    _na("reward_model.model.fsdp_config.optimizer_offload", "no effect: no optimizer",
+        "the reward model is frozen: it has no optimizer.", _rm_classifier),
+    _na(("reward_model.model.fsdp_config.wrap_policy",
+         "reward_model.model.fsdp_config.forward_prefetch"),
+        "no effect: FSDP2 shards every decoder layer",
+        "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
+        "replicates the whole model); wrapping and prefetch are not tunable.", _rm_classifier),
+    _na("reward_model.model.use_remove_padding", "no effect: padded micro-batches",
+        "the reward model scores padded micro-batches (the same scores); sequence packing is "
+        "implemented for the actor and critic only.", _rm_classifier),
+    _na("reward_model.model.use_fused_kernels", "no effect: transformers kernels",
+        "fused GPU kernels are not used; the reward model runs with its transformers "
+        "implementation."),
+    _refused("reward_model.ulysses_sequence_parallel_size", "Ulysses SP lands with issue 19",
+             "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1.",
+             _rm_classifier),
+    _na("reward_model.micro_batch_size", "deprecated: set the *_per_gpu key",
+        "verl's deprecated global micro-batch size is not read: set "
+        "reward_model.micro_batch_size_per_gpu.", _rm_classifier),
+    _na("reward_model.forward_max_token_len_per_gpu", "no effect without dynamic batch size",
+        "the token budget only acts with reward_model.use_dynamic_bsz=true.",
+        lambda config, key: _rm_classifier(config, key) and
+        not get(config, "reward_model.use_dynamic_bsz")),
     _refused("reward_model.sandbox_fusion.url", "serves the multi-turn python tool only",
              "sandbox fusion runs the python tool of multi-turn rollouts "
              "(actor_rollout_ref.rollout.multi_turn.enable=true with a tool config); rewards "
@@ -347,9 +417,6 @@ RULES: Tuple[Rule, ...] = (
         "a process pool."),
     _na("reward_model.overlong_buffer.log", "no effect: no separate overlong metrics",
         "the overlong penalty is applied but not logged as separate metrics."),
-    _na(_REWARD_MODEL_KEYS, "no effect without a reward model",
-        "reward-model settings only act with reward_model.enable=true, which this release "
-        "refuses."),
     # -- trainer
     _na("trainer.balance_batch", "no effect: rows are not reordered by length",
         "rows are not reordered by length across workers: each worker trains on its slice "

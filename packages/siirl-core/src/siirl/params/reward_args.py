@@ -1,5 +1,6 @@
 """Schema of the reward groups: ``reward_model`` (managers, limits, the overlong buffer,
-sandbox fusion) and ``custom_reward_function``; key names and defaults follow verl's."""
+sandbox fusion, the reward model and its judge) and ``custom_reward_function``; key names
+and defaults follow verl's, except siiRL's ``style``, ``rm_weight`` and ``judge.*``."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,12 +43,51 @@ class OverlongBufferArguments:
 
 
 @dataclass
+class GenerativeJudgeArguments:
+    """The LLM judge of reward_model.style=generative (siiRL's keys)."""
+
+    source: str = field(
+        default="rollout", metadata={"help": "Who judges: 'rollout' (the actor's rollout "
+                                             "engine: the policy grades itself) or 'model' "
+                                             "(a causal LM at reward_model.model.path)."}
+    )
+    template: str | None = field(
+        default=None, metadata={"help": "Judge prompt with {question} and {response}; the "
+                                        "grade is read after 'Score:' (default: a 0-10 "
+                                        "rating prompt ending in 'Score:')."}
+    )
+    max_new_tokens: int = field(
+        default=16, metadata={"help": "Tokens the judge may reply with."}
+    )
+    max_score: float = field(
+        default=10.0, metadata={"help": "The top grade: grades are clipped to [0, max_score] "
+                                        "and divided by it."}
+    )
+
+
+@dataclass
 class RewardModelArguments:
     """Reward computation: reward manager, optional reward model, DAPO overlong buffer."""
 
-    enable: bool = False
+    enable: bool = field(
+        default=False, metadata={"help": "Score responses with a reward model too: each row's "
+                                         "reward is its rule score plus rm_weight times the "
+                                         "model's."}
+    )
     strategy: str = "fsdp"
     model: RewardModelModelArguments = field(default_factory=RewardModelModelArguments)
+    # siiRL's keys: how the model scores, and its weight against the rule scores
+    style: str = field(
+        default="discriminative",
+        metadata={"help": "'discriminative': a sequence classifier (model.path, e.g. "
+                          "builtin:tiny-reward) scores each response; 'generative': an LLM "
+                          "judge grades it (see judge.*)."}
+    )
+    rm_weight: float = field(
+        default=1.0, metadata={"help": "Weight of the reward model's score added to the rule "
+                                       "score (rows without a rule: the model's alone)."}
+    )
+    judge: GenerativeJudgeArguments = field(default_factory=GenerativeJudgeArguments)
     micro_batch_size: int | None = None  # deprecated
     micro_batch_size_per_gpu: int | None = None
     max_length: int | None = None

@@ -110,7 +110,8 @@ RULES: Tuple[ValueRule, ...] = (
                  "reward_model.sandbox_fusion.memory_limit_mb",
                  "env_manager.max_actions_per_traj", "env_manager.max_episode_tokens",
                  f"{R}.multi_turn.max_parallel_calls",
-                 f"{R}.multi_turn.max_tool_response_length")),
+                 f"{R}.multi_turn.max_tool_response_length",
+                 "reward_model.judge.max_new_tokens")),
     # optional sizes: null means "not set", but a number must be a real size
     at_least(1, ("data.val_batch_size", "*micro_batch_size", "*micro_batch_size_per_gpu",
                  f"{R}.max_model_len", "reward_model.max_length",
@@ -143,7 +144,7 @@ RULES: Tuple[ValueRule, ...] = (
     above(0, (f"{A}.grad_clip", f"{C}.grad_clip", f"{C}.cliprange_value",
               "algorithm.kl_ctrl.target_kl", f"{R}.server_timeout_s",
               "trainer.heartbeat_timeout_s", "trainer.ray_connect_timeout_s",
-              "reward_model.step_timeout_s")),
+              "reward_model.step_timeout_s", "reward_model.judge.max_score")),
     above(1, f"{A}.clip_ratio_c", " (the dual-clip bound on negative advantages)"),
     # -- closed sets of names
     one_of(("error", "left", "right"), "data.truncation"),
@@ -152,6 +153,8 @@ RULES: Tuple[ValueRule, ...] = (
     one_of(LR_SCHEDULES, ("*.optim.warmup_style", "*.optim.lr_scheduler_type")),
     one_of(("sync", "server", "async"), f"{R}.mode"),
     one_of(("error", "warn"), "algorithm.filter_groups.on_exhausted"),
+    one_of(("discriminative", "generative"), "reward_model.style"),
+    one_of(("rollout", "model"), "reward_model.judge.source"),
     # -- keys typed Any in the schema
     _rule(("data.train_files", "data.val_files"), _paths,
           "must be a file path or a list of file paths (or null: the built-in task)"),

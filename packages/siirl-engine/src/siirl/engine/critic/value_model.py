@@ -21,9 +21,11 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from siirl.engine.models.packing import Packed
 from siirl.errors import ConfigError
 
-__all__ = ["ValueModel", "build_value_model", "response_values", "value_model_from_lm"]
+__all__ = ["ValueModel", "build_value_model", "packed_values", "response_values",
+           "value_model_from_lm"]
 
 
 def _hidden_states(output: Any) -> torch.Tensor:
@@ -84,6 +86,15 @@ def response_values(model: torch.nn.Module, input_ids: torch.Tensor,
     values = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=False)
     return values[:, -resp - 1:-1]
+
+
+def packed_values(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
+    """Values ``[K]`` of the scored response tokens of packed rows
+    (``siirl.engine.models.packing``), at the same positions as :func:`response_values`:
+    one forward over ``[1, T]`` tokens, no attention mask."""
+    values = model(input_ids=packed.input_ids, attention_mask=None,
+                   position_ids=packed.position_ids, use_cache=False)
+    return values[0, packed.sources]
 
 
 def _backbone_of(lm: torch.nn.Module) -> torch.nn.Module:

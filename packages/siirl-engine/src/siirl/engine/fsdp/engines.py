@@ -40,19 +40,24 @@ from siirl.engine.common.runtime import (
     should_shard,
 )
 from siirl.engine.critic.engine import CriticEngine
-from siirl.engine.critic.value_model import build_value_model, response_values
+from siirl.engine.critic.value_model import build_value_model, packed_values, response_values
 from siirl.engine.fsdp.backend import FSDPBackend, compute_dtype
 from siirl.engine.fsdp.sharding import replicates, shard_fsdp2
 from siirl.engine.models import lora
-from siirl.engine.models.logprob import response_logprobs
+from siirl.engine.models.logprob import packed_logprobs, response_logprobs
+from siirl.engine.models.packing import on_packed
 from siirl.engine.models.padding import on_used_columns
 from siirl.errors import ConfigError
 
 
-def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float, bool], Head]:
+def logprob_heads(logprob_fn: Optional[Callable] = None, remove_padding: bool = False
+                  ) -> Callable[[int, float, bool], Head]:
     """Log-prob heads over a transformers module (``logprob_fn`` defaults to
-    ``siirl.engine.models.logprob.response_logprobs``)."""
+    ``siirl.engine.models.logprob.response_logprobs``). With ``remove_padding``
+    (``actor_rollout_ref.model.use_remove_padding``) text rows run packed
+    (``siirl.engine.models.packing``); an injected ``logprob_fn`` always reads padded rows."""
     fn = logprob_fn or response_logprobs
+    packs = remove_padding and logprob_fn is None
 
     def heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
         def named(module, input_ids, attention_mask, position_ids, width, **extras):
@@ -61,12 +66,21 @@ def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float
                                     calculate_entropy=calculate_entropy, **extras)
             return {"log_probs": log_probs, "entropy": entropy}
 
+        def packed(module, rows):
+            log_probs, entropy = packed_logprobs(module, rows, temperature, calculate_entropy)
+            return {"log_probs": log_probs, "entropy": entropy}
+
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
             if is_episode_batch(micro):  # a VLA's episodes: one forward per chunk
                 return episode_logprobs(module, micro, temperature, calculate_entropy)
             extras = {k: micro[k] for k in MODEL_EXTRA_INPUTS if k in micro.keys()}
-            return on_used_columns(named, module, micro[INPUT_IDS], micro[ATTENTION_MASK],
-                                   micro[POSITION_IDS], response_length, **extras)
+            rows = (module, micro[INPUT_IDS], micro[ATTENTION_MASK], micro[POSITION_IDS],
+                    response_length)
+            if packs and not extras:  # images ride along per row: those rows stay padded
+                outputs = on_packed(packed, *rows)
+                if outputs is not None:
+                    return outputs
+            return on_used_columns(named, *rows, **extras)
 
         names = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
         return Head(head, names)
@@ -74,17 +88,26 @@ def logprob_heads(logprob_fn: Optional[Callable] = None) -> Callable[[int, float
     return heads
 
 
-def value_heads(value_fn: Optional[Callable] = None) -> Callable[[int], Head]:
-    """Value heads over a value model (``value_fn`` defaults to ``response_values``)."""
+def value_heads(value_fn: Optional[Callable] = None, remove_padding: bool = False
+                ) -> Callable[[int], Head]:
+    """Value heads over a value model (``value_fn`` defaults to ``response_values``); with
+    ``remove_padding`` (``critic.model.use_remove_padding``) rows run packed, except with
+    an injected ``value_fn``."""
     fn = value_fn or response_values
+    packs = remove_padding and value_fn is None
 
     def heads(response_length: int) -> Head:
         def named(module, input_ids, attention_mask, position_ids, width):
             return {"values": fn(module, input_ids, attention_mask, position_ids, width)}
 
+        def packed(module, rows):
+            return {"values": packed_values(module, rows)}
+
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            return on_used_columns(named, module, micro[INPUT_IDS], micro[ATTENTION_MASK],
-                                   micro[POSITION_IDS], response_length)
+            rows = (module, micro[INPUT_IDS], micro[ATTENTION_MASK], micro[POSITION_IDS],
+                    response_length)
+            outputs = on_packed(packed, *rows) if packs else None
+            return outputs if outputs is not None else on_used_columns(named, *rows)
 
         return Head(head, ("values",))
 
@@ -130,8 +153,8 @@ def fsdp_actor(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mod
                           replicated=replicated, grad_clip=actor_cfg.grad_clip,
                           autocast_dtype=compute_dtype(actor_cfg.fsdp_config.model_dtype),
                           merge_on_export=bool(model_cfg.lora_merge_on_export))
-    return ActorEngine(backend, cfg, logprob_heads(logprob_fn), tokenizer=tokenizer,
-                       initial_module=initial)
+    return ActorEngine(backend, cfg, logprob_heads(logprob_fn, model_cfg.use_remove_padding),
+                       tokenizer=tokenizer, initial_module=initial)
 
 
 def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngine] = None,
@@ -144,6 +167,7 @@ def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngi
         return ReferenceEngine(cfg)
     ref_cfg = cfg.actor_rollout_ref.ref
     autocast = compute_dtype(ref_cfg.fsdp_config.model_dtype)
+    heads = logprob_heads(logprob_fn, cfg.actor_rollout_ref.model.use_remove_padding)
     if module is None and shares_actor_base(actor):
         # already laid out (sharded or not) for the actor's ranks; the actor sets its
         # train/eval mode and gradients, so nothing of it is frozen here
@@ -151,7 +175,7 @@ def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngi
         backend = FSDPBackend(trained.module, dp_rank=trained.dp_rank, dp_size=trained.dp_size,
                               dp_group=trained.dp_group, sharded=trained.sharded,
                               autocast_dtype=autocast)
-        return ReferenceEngine(cfg, backend, lora.without_adapters(logprob_heads(logprob_fn)))
+        return ReferenceEngine(cfg, backend, lora.without_adapters(heads))
     if module is None:
         module = initial_policy(actor, lambda: load_policy(cfg)[0])
     module.requires_grad_(False)
@@ -165,7 +189,7 @@ def fsdp_reference(config: Any, worker: Any = None, *, actor: Optional[ActorEngi
     rank, world_size = data_parallel_world(worker)
     backend = FSDPBackend(module, dp_rank=rank, dp_size=world_size, dp_group=group,
                           sharded=sharded, autocast_dtype=autocast)
-    return ReferenceEngine(cfg, backend, logprob_heads(logprob_fn))
+    return ReferenceEngine(cfg, backend, heads)
 
 
 def fsdp_critic(config: Any, worker: Any = None, *, module: Optional[torch.nn.Module] = None,
@@ -189,7 +213,7 @@ def fsdp_critic(config: Any, worker: Any = None, *, module: Optional[torch.nn.Mo
                           dp_rank=rank, dp_size=world_size, dp_group=group, sharded=sharded,
                           replicated=replicated, grad_clip=critic_cfg.grad_clip,
                           autocast_dtype=compute_dtype(critic_cfg.model.fsdp_config.model_dtype))
-    return CriticEngine(backend, cfg, value_heads(value_fn))
+    return CriticEngine(backend, cfg, value_heads(value_fn, critic_cfg.model.use_remove_padding))
 
 
 def fsdp_engine(role: str, config: Any, worker: Any = None,
@@ -203,4 +227,9 @@ def fsdp_engine(role: str, config: Any, worker: Any = None,
         return fsdp_reference(config, worker, actor=peers.get("actor"))
     if role == "critic":
         return fsdp_critic(config, worker)
-    raise ConfigError(f"the fsdp engine serves roles actor, critic, reference, not {role!r}")
+    if role == "reward_model":  # reward_model.enable=true
+        from siirl.engine.reward_model.factory import fsdp_reward_model
+
+        return fsdp_reward_model(config, worker, peers)
+    raise ConfigError(f"the fsdp engine serves roles actor, critic, reference, reward_model, "
+                      f"not {role!r}")

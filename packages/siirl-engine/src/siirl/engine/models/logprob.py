@@ -11,7 +11,10 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["accepts_kwarg", "logprobs_from_logits", "response_logprobs"]
+from siirl.engine.models.packing import Packed
+
+__all__ = ["accepts_kwarg", "logprobs_from_logits", "packed_logprobs", "response_logprobs",
+           "token_logprobs"]
 
 
 @lru_cache(maxsize=64)
@@ -81,13 +84,41 @@ def logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, resp: in
     """The response part of :func:`response_logprobs` for logits ``[B, >=R+1, V]`` whose
     last positions line up with ``input_ids``' (any model's forward)."""
     # Keep positions P-1 .. P+R-2: the last R+1 minus the final one (it predicts past the end).
-    logits = logits[:, -resp - 1:-1, :].float()
+    return token_logprobs(logits[:, -resp - 1:-1, :], input_ids[:, -resp:], temperature,
+                          calculate_entropy)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                   calculate_entropy: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``labels`` ``[...]`` under ``logits`` ``[..., V]`` / ``temperature``
+    (float32 softmax), and the entropy there; the one formula of every log-prob path."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     logp = logits.log_softmax(dim=-1)
-    labels = input_ids[:, -resp:].unsqueeze(-1)
-    log_probs = logp.gather(-1, labels).squeeze(-1)
+    log_probs = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if calculate_entropy:
         entropy = -(logp.exp() * logp).sum(dim=-1)
     return log_probs, entropy
+
+
+def packed_logprobs(model: torch.nn.Module, packed: Packed, temperature: float = 1.0,
+                    calculate_entropy: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log_probs [K], entropy [K] or None)`` of the scored response tokens of packed rows
+    (``siirl.engine.models.packing``): one forward over ``[1, T]`` tokens, no attention
+    mask (transformers keeps the sequences apart by their restarting positions)."""
+    if temperature <= 0:
+        raise ValueError(f"packed_logprobs needs temperature > 0, got {temperature}")
+    kwargs = {}
+    if accepts_kwarg(model, "logits_to_keep"):
+        # an index tensor: the LM head runs on the K scored positions only
+        kwargs["logits_to_keep"] = packed.sources
+    out = model(input_ids=packed.input_ids, attention_mask=None,
+                position_ids=packed.position_ids, use_cache=False, **kwargs)
+    logits = (out.logits if hasattr(out, "logits") else out[0])[0]
+    if not kwargs:
+        logits = logits[packed.sources]
+    return token_logprobs(logits, packed.labels, temperature, calculate_entropy)

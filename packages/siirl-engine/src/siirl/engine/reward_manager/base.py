@@ -12,6 +12,10 @@ worker processes (``_pool``) under every manager, with a per-call timeout ``time
 per-step budget (``reward_model.step_timeout_s``). The built-in rules and a function
 object handed to the constructor (tests, notebooks) run in this process: their
 exceptions and bad results are contained, an exit or a hang is not.
+
+With a reward model (``reward_model.enable``) the batch carries ``rm_scores``; each row's
+score is then its rule score plus ``reward_model.rm_weight`` times the model's, and rows no
+rule knows get the model's alone (``siirl.engine.reward_model.combine``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from siirl.engine.reward_manager.failures import FailureLog, RewardFunctionError
 from siirl.engine.reward_manager.loader import custom_function_settings
 from siirl.engine.reward_manager.outcome import Outcome, Row, call_row
 from siirl.engine.reward_manager.overlong import overlong_penalty
+from siirl.engine.reward_model import combine
 from siirl.engine.reward_score import default_compute_score
 from siirl.errors import ConfigError, DataError
 
@@ -209,8 +214,16 @@ class RewardManagerBase(abc.ABC):
         solutions = self.decode(responses, mask)
         rows = list(zip(data_sources, solutions, ground_truths, extra_infos, strict=True))
         self._retried = 0
-        outcomes = self._score_rows(rows, time.monotonic() + self.step_timeout_s)
+        ruled = combine.rows_with_rules(self, data_sources)  # None: no reward model
+        outcomes = self._score_rows(combine.only(rows, ruled),
+                                    time.monotonic() + self.step_timeout_s)
+        outcomes = combine.expand(outcomes, ruled)
         scores, extras, counts = self.failures.split(outcomes, data_sources)
+        model = combine.model_scores(batch)  # the reward_model engine's, this step
+        rule_metrics = {}
+        if model is not None:
+            scores, rule_metrics = combine.add_model_scores(
+                scores, ruled, model, float(self.cfg.reward_model.rm_weight))
         penalty = overlong_penalty(mask.sum(dim=-1).cpu(), self.cfg)
         rewards = scores if penalty is None else \
             [s + p for s, p in zip(scores, penalty.tolist(), strict=True)]
@@ -228,6 +241,7 @@ class RewardManagerBase(abc.ABC):
             set_non_tensor(out, key, values)
         metrics = self.failures.metrics(counts, len(rows), self._retried)
         metrics.update(score_metrics(scores, token_scores, data_sources))
+        metrics.update(rule_metrics)
         if penalty is not None:
             set_non_tensor(out, OVERLONG_REWARD, penalty.tolist())
             metrics["reward/overlong_penalty/mean"] = penalty.mean().item() if \

@@ -164,7 +164,7 @@ _ENCODERS: Dict[tuple, Any] = {}
 
 def _video_encoder(config: Any) -> Optional[Any]:
     """SRPO's frozen video encoder, or None (plain GRPO on success)."""
-    path = select(config, f"{EMBODIED}.video_embedding_model_path")
+    path = select(config, "actor_rollout_ref.embodied.video_embedding_model_path")
     if path in (None, "", "none"):
         return None
     fp16 = bool(select(config, f"{EMBODIED}.embedding_enable_fp16", False))
@@ -243,12 +243,12 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
     sample_ids = [int(i) for i in batch[SAMPLE_ID].tolist()]
     envs = worker_envs(config, len(sample_ids) * n)
     action_dim = int(envs.action_dim)
-    token_len = int(select(config, f"{EMBODIED}.action_token_len", action_dim))
+    token_len = int(select(config, "actor_rollout_ref.embodied.action_token_len", action_dim))
     if token_len != action_dim:
         raise ConfigError(f"{EMBODIED}.action_token_len={token_len}, but "
                           f"the environment's actions have {action_dim} dimensions: set "
                           f"{EMBODIED}.action_token_len={action_dim}")
-    k = int(select(config, f"{EMBODIED}.action_chunks_len", 1))
+    k = int(select(config, "actor_rollout_ref.embodied.action_chunks_len", 1))
     if k < 1:
         raise ConfigError(f"{EMBODIED}.action_chunks_len={k}: a chunk is at least 1 action")
     chunks = -(-int(envs.max_steps) // k)
