@@ -12,9 +12,9 @@ worker, the ``hf`` rollout, 2 steps. What each script asks for must then show in
 DAPO's dynamic sampling, PPO's critic. ``use_remove_padding=True`` (in six of the scripts)
 stays in: those runs pack their rows.
 
-Left out: settings of features this release refuses because they are not built yet (issue
-19), each tested below to stop the run naming the key: the reference's parameter offload
-(in four of the scripts) and, from the GSPO script, parameter/optimizer offload.
+Left out: settings these CPU runs refuse, each tested below to stop a CPU run naming the
+key: the reference's parameter offload (in four of the scripts) and, from the GSPO script,
+parameter/optimizer offload (CPU offload needs a GPU to offload from).
 """
 
 import json
@@ -229,4 +229,4 @@ def test_a_setting_not_built_yet_stops_the_run_naming_it(override):
     from siirl.params.parser import parse_config
 
     with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):
-        parse_config([override])
+        parse_config([override, "trainer.device=cpu"])

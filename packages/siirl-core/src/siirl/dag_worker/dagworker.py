@@ -138,6 +138,13 @@ class DAGWorker:
             return None
         return self.process_groups.group_for(role)
 
+    def sequence_parallel_groups(self, size: int) -> Any:
+        """(sequence-parallel group, data-parallel group) of this worker for Ulysses groups
+        of ``size`` consecutive workers; None without process groups."""
+        if self.process_groups is None:
+            return None
+        return self.process_groups.sequence_groups(size)
+
     def can_validate(self) -> bool:
         roles = self.agents.all_roles()
         return ("rollout" in roles and "reward" in roles) or \

@@ -4,7 +4,9 @@ A node that runs a model has the layout of its engine: the rollout groups
 ``actor_rollout_ref.rollout.tensor_model_parallel_size`` consecutive workers into one
 tensor-parallel group that reads the same rows; a megatron actor/reference groups its
 tensor x pipeline x context parallel peers (consecutive ranks, as megatron orders them);
-FSDP nodes (actor, reference, critic) are plain data parallel, one row share per worker.
+FSDP nodes (actor, reference, critic) are data parallel, one row share per worker, or with
+Ulysses sequence parallelism (``ulysses_sequence_parallel_size`` s) per group of s
+consecutive workers, which split each sequence between them.
 Every other node (reward, advantage, filters, custom functions) works where its first
 parent's rows are.
 Between a parent and a child with different layouts the DAGWorker's DataBuffer moves the
@@ -29,6 +31,22 @@ _DATA_PARALLEL_ROLES = (NodeRole.ACTOR, NodeRole.REFERENCE, NodeRole.CRITIC)
 _MEGATRON = "actor_rollout_ref.actor.megatron"
 _MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                    "context_parallel_size")
+# node role -> the Ulysses size key of its FSDP engine (the reference runs in the actor's)
+_ULYSSES_KEYS = {
+    NodeRole.ACTOR: "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    NodeRole.REFERENCE: "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    NodeRole.CRITIC: "critic.ulysses_sequence_parallel_size",
+}
+
+
+def sequence_parallel_sizes(config: Any) -> tuple:
+    """The Ulysses group sizes above 1 that the FSDP engines of ``config`` use."""
+    sizes = set()
+    for role, strategy in ((NodeRole.ACTOR, "actor_rollout_ref.actor.strategy"),
+                           (NodeRole.CRITIC, "critic.strategy")):
+        if select(config, strategy, "fsdp") != "megatron":
+            sizes.add(int(select(config, _ULYSSES_KEYS[role], 1) or 1))
+    return tuple(sorted(s for s in sizes if s > 1))
 
 
 def _model_parallel(role: NodeRole, config: Any) -> tuple:
@@ -43,7 +61,7 @@ def _model_parallel(role: NodeRole, config: Any) -> tuple:
         for key in _MEGATRON_SIZES:
             size *= int(select(config, f"{_MEGATRON}.{key}", 1) or 1)
         return size, f"{_MEGATRON}.tensor_model_parallel_size (x pipeline x context)"
-    key = _MODEL_PARALLEL_KEYS.get(role)
+    key = _MODEL_PARALLEL_KEYS.get(role) or _ULYSSES_KEYS.get(role)
     return (int(select(config, key, 1) or 1) if key else 1), key
 
 

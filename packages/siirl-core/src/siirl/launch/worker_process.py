@@ -69,6 +69,7 @@ class WorkerProcess:
         from siirl.dag_worker.collective import WorkerComm
         from siirl.dag_worker.dagworker import DAGWorker
         from siirl.dag_worker.engines import roles_needed
+        from siirl.dag_worker.layouts import sequence_parallel_sizes
         from siirl.dag_worker.trainer_loop import Trainer
         from siirl.execution.device import device_kind
         from siirl.execution.scheduler.process_group_manager import (
@@ -88,7 +89,7 @@ class WorkerProcess:
         init_distributed(self.rank, self.world_size, master_addr, master_port, backend,
                          timeout)
         groups = ProcessGroupManager(self.rank, group_ranks, sorted(roles_needed(graph)),
-                                     backend, timeout)
+                                     backend, timeout, sequence_parallel_sizes(self.config))
         comm = WorkerComm(self.rank, self.world_size, groups.world_control)
         worker = DAGWorker(graph, self.config, rank=groups.group_rank,
                            world_size=groups.group_size, comm=comm, process_groups=groups)

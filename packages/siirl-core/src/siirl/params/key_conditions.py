@@ -81,3 +81,14 @@ def critic_disagrees(config: Any, key: str) -> bool:
 
 def differs_from_actor(config: Any, key: str) -> bool:
     return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
+
+
+def cpu_run(config: Any, key: str) -> bool:
+    """``trainer.device=cpu``. Only the setting counts, so the key table reads the same on
+    every machine; with ``auto`` on a machine without a GPU the engine refuses instead
+    (``siirl.engine.fsdp.offload``), with the same exit status and key."""
+    return str(get(config, "trainer.device", "auto")).lower() == "cpu"
+
+
+def remove_padding_off(model_key: str) -> Condition:
+    return lambda config, key: not get(config, f"{model_key}.use_remove_padding", False)

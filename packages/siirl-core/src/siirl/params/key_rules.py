@@ -18,6 +18,7 @@ from siirl.params.key_conditions import (
     Condition,
     budget_unused,
     builtin_workflow_is_not,
+    cpu_run,
     critic_disagrees,
     custom_workflow,
     differs_from_actor,
@@ -26,6 +27,7 @@ from siirl.params.key_conditions import (
     hf_rollout,
     no_dynamic_sampling,
     no_dynamic_sampling_possible,
+    remove_padding_off,
     strategy_is,
 )
 
@@ -57,8 +59,13 @@ def _refused(patterns, tag: str, why: str, when: Optional[Condition] = None) -> 
 
 # ---- the table ---------------------------------------------------------------------------
 
-_OFFLOAD = ("CPU offload is not implemented yet (issue 19); parameters and optimizer state "
-            "stay on the device.")
+_OFFLOAD = ("CPU offload (FSDP2's CPUOffloadPolicy) moves parameters, gradients and "
+            "optimizer state from the GPU to host memory; this run computes on the CPU "
+            "(trainer.device=cpu), so there is nothing to offload: leave it false.")
+_MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
+                     "state stay on the GPU (strategy=fsdp offloads with fsdp_config."
+                     "param_offload).")
+_ULYSSES = "ulysses_sequence_parallel_size"
 _NO_MEGATRON_PACKING = (
     "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
     "take padded micro-batches (megatron's own THD packing is not wired up); with "
@@ -74,9 +81,9 @@ def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rul
             f"FSDP settings do not apply when {strategy_key}=megatron.",
             strategy_is(strategy_key, megatron=True)),
         _refused(offload + ((f"{prefix}.optimizer_offload",) if has_optimizer else ()),
-                 "offload lands with issue 19", _OFFLOAD),
-        _na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
-            "the reference policy has no optimizer."),
+                 "no offload on a CPU run", _OFFLOAD, cpu_run),
+        *([] if has_optimizer else [_na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
+                                       "the reference policy has no optimizer.")]),
         _na((f"{prefix}.wrap_policy", f"{prefix}.forward_prefetch"),
             "no effect: FSDP2 shards every decoder layer",
             "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
@@ -99,8 +106,8 @@ def _megatron_rules(prefix: str, strategy_key: str, role: str) -> List[Rule]:
     optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
     return rules + [
         _refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
-                                                 else ()), "offload lands with issue 19",
-                 _OFFLOAD),
+                                                 else ()), "megatron offload is not implemented",
+                 _MEGATRON_OFFLOAD),
         _na(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
         _refused((f"{prefix}.expert_model_parallel_size", f"{prefix}.expert_tensor_parallel_size"),
                  "expert parallelism is not supported",
@@ -256,10 +263,29 @@ RULES: Tuple[Rule, ...] = (
          f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
          "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
         "token budgets only act with the matching use_dynamic_bsz=true.", budget_unused),
-    _refused((f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
-              "critic.ulysses_sequence_parallel_size"), "Ulysses SP lands with issue 19",
-             "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1 "
-             "(megatron tensor/sequence parallelism works: actor.strategy=megatron)."),
+    _refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "Ulysses runs on the fsdp strategy",
+             "Ulysses sequence parallelism splits sequences of the fsdp engines; megatron has "
+             "its own: actor_rollout_ref.actor.megatron.context_parallel_size (or "
+             "tensor_model_parallel_size with sequence_parallel=true).",
+             lambda config, key: str(get(config, f"{key.rsplit('.', 1)[0]}.strategy"))
+             == "megatron"),
+    _refused("critic.ulysses_sequence_parallel_size", "Ulysses runs on the fsdp strategy",
+             "Ulysses sequence parallelism splits sequences of the fsdp engines; a megatron "
+             "critic uses the actor's megatron parallel state (context_parallel_size).",
+             strategy_is("critic.strategy", megatron=True)),
+    _refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "needs use_remove_padding=true",
+             "Ulysses sequence parallelism splits packed rows: set "
+             "actor_rollout_ref.model.use_remove_padding=true (verl requires it as well).",
+             remove_padding_off("actor_rollout_ref.model")),
+    _refused("critic.ulysses_sequence_parallel_size", "needs use_remove_padding=true",
+             "Ulysses sequence parallelism splits packed rows: set "
+             "critic.model.use_remove_padding=true (verl requires it as well).",
+             remove_padding_off("critic.model")),
+    _refused(f"{REF}.{_ULYSSES}", "the reference runs in the actor's groups",
+             "the reference computes in the actor's sequence-parallel groups (its rows are "
+             "laid out as the actor's, and it may share the actor's module): set "
+             f"{ACTOR}.{_ULYSSES} only.",
+             lambda config, key: get(config, key) != get(config, f"{ACTOR}.{_ULYSSES}")),
     _na((f"{ACTOR}.use_torch_compile", f"{REF}.use_torch_compile"),
         "no effect: log-probs run eagerly",
         "torch.compile is not applied; log-probs and entropy run eagerly (same values)."),
@@ -365,8 +391,11 @@ RULES: Tuple[Rule, ...] = (
         lambda config, key: _rm_judge(config, key) and
         str(get(config, "reward_model.judge.source", "rollout")) == "rollout"),
     _refused(("reward_model.model.fsdp_config.param_offload",
-              "reward_model.model.fsdp_config.offload_policy"), "offload lands with issue 19",
-             _OFFLOAD, _rm_classifier),
+              "reward_model.model.fsdp_config.offload_policy"),
+             "not for the reward model",
+             "CPU offload is implemented for the actor, reference and critic (fsdp_config."
+             "param_offload); the reward model stays on the GPU: leave it false.",
+             _rm_classifier),
     _na("reward_model.model.fsdp_config.optimizer_offload", "no effect: no optimizer",
         "the reward model is frozen: it has no optimizer.", _rm_classifier),
     _na(("reward_model.model.fsdp_config.wrap_policy",
@@ -380,9 +409,10 @@ RULES: Tuple[Rule, ...] = (
     _na("reward_model.model.use_fused_kernels", "no effect: transformers kernels",
         "fused GPU kernels are not used; the reward model runs with its transformers "
         "implementation."),
-    _refused("reward_model.ulysses_sequence_parallel_size", "Ulysses SP lands with issue 19",
-             "Ulysses sequence parallelism is not implemented yet (issue 19); keep it at 1.",
-             _rm_classifier),
+    _refused("reward_model.ulysses_sequence_parallel_size", "not for the reward model",
+             "the reward model scores whole rows on every worker; Ulysses sequence "
+             "parallelism splits the actor's, reference's and critic's sequences only: keep "
+             "it at 1.", _rm_classifier),
     _na("reward_model.micro_batch_size", "deprecated: set the *_per_gpu key",
         "verl's deprecated global micro-batch size is not read: set "
         "reward_model.micro_batch_size_per_gpu.", _rm_classifier),

@@ -9,7 +9,9 @@ ranks, so they share that sub-graph's group: one communicator per rank set, not 
 Data-plane groups use NCCL on GPU and gloo on CPU; a gloo group over the same ranks
 carries control traffic (metrics, barriers, small objects), which NCCL cannot do without
 a device copy. Every group has the configured timeout, so a dead peer makes collectives
-fail instead of hang.
+fail instead of hang. Ulysses sequence parallelism (``ulysses_sequence_parallel_size`` s)
+adds, per rank set, the groups of s consecutive ranks and the data-parallel groups across
+them (:func:`sequence_groups`).
 """
 
 from __future__ import annotations
@@ -74,11 +76,38 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
+def sequence_groups(rank_sets: Sequence[Sequence[int]], size: int, rank: int, backend: str,
+                    timeout: Optional[datetime.timedelta] = None) -> Optional[Tuple[Any, Any]]:
+    """(sequence-parallel group, data-parallel group) of ``rank`` for groups of ``size``
+    consecutive ranks of each rank set (the layout's order: they read the same rows), the
+    data-parallel group joining the ranks at the same place of every such group; None when
+    ``rank`` is in no set. Collective: every rank of the world calls it with the same
+    arguments but its own ``rank``; sets whose length ``size`` does not divide are skipped
+    (the layout refuses them with the key's name)."""
+    import torch.distributed as dist
+
+    mine = None
+    for ranks in rank_sets:
+        ranks = tuple(sorted(ranks))
+        if len(ranks) % size:
+            continue
+        made = {}
+        for kind, members in [("sp", ranks[i:i + size]) for i in range(0, len(ranks), size)] \
+                + [("dp", ranks[j::size]) for j in range(size)]:
+            group = dist.new_group(list(members), backend=backend, timeout=timeout)
+            if rank in members:
+                made[kind] = group
+        if made:
+            mine = (made["sp"], made["dp"])
+    return mine
+
+
 class ProcessGroupManager:
-    """This worker's groups, from every worker's ``group_ranks`` (the plan)."""
+    """This worker's groups, from every worker's ``group_ranks`` (the plan); with
+    ``sequence_parallel`` sizes above 1, their Ulysses groups too."""
 
     def __init__(self, rank: int, group_ranks: Sequence[Sequence[int]], roles: Sequence[str],
-                 backend: str, timeout_s: float):
+                 backend: str, timeout_s: float, sequence_parallel: Sequence[int] = ()):
         import torch.distributed as dist
 
         self.rank = rank
@@ -107,6 +136,11 @@ class ProcessGroupManager:
         if rank not in self.ranks:
             raise ValueError(f"rank {rank} is in no group of the plan {list(group_ranks)}")
         self.roles: Dict[str, Any] = {role: self.data_group for role in roles}
+        self.sequence: Dict[int, Tuple[Any, Any]] = {}
+        for size in sorted({int(s) for s in sequence_parallel if int(s) > 1}):
+            groups = sequence_groups(seen, size, rank, backend, timeout)
+            if groups is not None:
+                self.sequence[size] = groups
 
     @property
     def group_rank(self) -> int:
@@ -118,3 +152,8 @@ class ProcessGroupManager:
 
     def group_for(self, role: str) -> Optional[Any]:
         return self.roles.get(role, self.data_group)
+
+    def sequence_groups(self, size: int) -> Optional[Tuple[Any, Any]]:
+        """(sequence-parallel group, data-parallel group) for Ulysses groups of ``size``
+        consecutive ranks of this worker's set; None when none were made."""
+        return self.sequence.get(int(size))

@@ -8,7 +8,8 @@ import torch
 
 from siirl.execution.device import resolve_device
 
-__all__ = ["data_parallel_world", "process_group", "resolve_device", "should_shard"]
+__all__ = ["data_parallel_world", "module_device", "process_group", "resolve_device",
+           "should_shard"]
 
 
 def data_parallel_world(worker: Any) -> Tuple[int, int]:
@@ -30,3 +31,13 @@ def should_shard(group: Any = None) -> bool:
     """True when ``group`` (default: the world) has more than one rank."""
     return (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size(group) > 1)
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its parameters' device, except under FSDP2's CPU offload,
+    whose shards live on the CPU while the module computes on its mesh's device."""
+    param = next(module.parameters())
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is not None and mesh.device_type != param.device.type:
+        return torch.device(mesh.device_type)
+    return param.device

@@ -64,10 +64,12 @@ class ValueModel(torch.nn.Module):
             self.value_head.to(device=param.device, dtype=param.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, use_cache: bool = False
-                ) -> torch.Tensor:
+                position_ids: Optional[torch.Tensor] = None, use_cache: bool = False,
+                **kwargs: Any) -> torch.Tensor:
+        # kwargs reach the backbone's attention (Ulysses sequence parallelism passes its
+        # context that way)
         output = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=use_cache)
+                               position_ids=position_ids, use_cache=use_cache, **kwargs)
         hidden = _hidden_states(output)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             head_dtype = self.value_head.weight.dtype

@@ -43,7 +43,7 @@ def _optimizer_state(backend: Any) -> Dict[str, Any]:
 
 def _barrier(backend: Any) -> None:
     if backend.sharded or backend.replicated:
-        torch.distributed.barrier(group=backend.dp_group)
+        torch.distributed.barrier(group=backend.shard_group)
 
 
 def save_checkpoint(directory: str, backend: Any, extra: Dict[str, Any],
@@ -53,7 +53,7 @@ def save_checkpoint(directory: str, backend: Any, extra: Dict[str, Any],
     state = lora.adapter_state(module) if "model" in contents else None
     optim = _optimizer_state(backend) \
         if "optimizer" in contents and backend.optimizer is not None else None
-    if backend.dp_rank == 0:
+    if backend.shard_rank == 0:
         with ckpt.atomic_dir(directory) as tmp:
             if state is not None:
                 lora.save_adapter(tmp, module, state)
@@ -91,7 +91,7 @@ def export_hf(directory: str, backend: Any, tokenizer: Any, merged: bool) -> Non
     ``merged/`` (a plain transformers folder). Every rank calls."""
     module = backend.module
     state = lora.adapter_state(module)
-    first = backend.dp_rank == 0
+    first = backend.shard_rank == 0
     weights = None
     if merged:  # whole tensors on every rank one at a time; the first rank keeps them
         weights = {}

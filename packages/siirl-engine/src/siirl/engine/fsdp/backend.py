@@ -22,8 +22,10 @@ from siirl.engine.common.backend import Head, MicroLoss, concat_outputs
 from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
 from siirl.engine.common.dynamic_batch import micro_batches
 from siirl.engine.common.replicas import average_gradients, broadcast_parameters
+from siirl.engine.common.runtime import module_device
 from siirl.engine.common.weight_sync import Bucket, buckets_of
 from siirl.engine.fsdp import adapter_checkpoint
+from siirl.engine.fsdp import offload as cpu_offload
 from siirl.engine.fsdp.sharding import fix_architectures
 from siirl.engine.models import lora
 from siirl.errors import ConfigError
@@ -54,9 +56,13 @@ def compute_dtype(model_dtype: Optional[str]) -> Optional[torch.dtype]:
 class FSDPBackend:
     """``module`` (already sharded when ``sharded``), its optimizer (None: forward only).
 
-    ``replicated``: the module is whole on every rank of ``dp_group``; its weights are
+    ``dp_*`` are the ranks holding other rows; ``shard`` (rank, group) those the module is
+    sharded or replicated over, when they differ (Ulysses sequence parallelism:
+    ``siirl.engine.fsdp.placement``).
+    ``replicated``: the module is whole on every rank of the shard group; its weights are
     taken from the group's first rank now and gradients averaged before each step.
-    ``merge_on_export``: a LoRA module's HF export holds the merged model as well."""
+    ``merge_on_export``: a LoRA module's HF export holds the merged model as well.
+    ``offload``: sharded with FSDP2's CPU offload (``siirl.engine.fsdp.offload``)."""
 
     token_plans = True  # micro-batches may be cut by tokens (dynamic batch size)
 
@@ -64,14 +70,17 @@ class FSDPBackend:
                  dp_size: int = 1, dp_group: Any = None, sharded: bool = False,
                  replicated: bool = False,
                  grad_clip: Any = 1.0, autocast_dtype: Optional[torch.dtype] = None,
-                 merge_on_export: bool = False):
+                 merge_on_export: bool = False, shard: Optional[Tuple[int, Any]] = None,
+                 offload: bool = False):
         if sharded and replicated:
             raise ValueError("a module is either sharded or replicated, not both")
         self.module, self.optimizer = module, optimizer
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.shard_rank, self.shard_group = shard if shard is not None else (dp_rank, dp_group)
         self.sharded, self.replicated = sharded, replicated
+        self.offload = offload
         if replicated:
-            broadcast_parameters(module, dp_group)
+            broadcast_parameters(module, self.shard_group)
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
         self.lora = lora.is_lora(module)
@@ -79,7 +88,7 @@ class FSDPBackend:
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        return module_device(self.module)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -116,8 +125,13 @@ class FSDPBackend:
 
     def optimizer_step(self) -> float:
         if self.replicated:
-            average_gradients(self.module, self.dp_group)
-        return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip))
+            average_gradients(self.module, self.shard_group)
+        if self.offload:
+            norm = cpu_offload.clip_grad_norm(self.module, self.grad_clip, self.shard_group,
+                                          self.device)
+        else:
+            norm = clip_grad_norm(self.module, self.grad_clip)
+        return step_if_finite(self.optimizer, norm)
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         return metrics  # every data-parallel rank computed the global values already
@@ -130,20 +144,20 @@ class FSDPBackend:
             adapter_checkpoint.save_checkpoint(directory, self, extra, contents)
             return
         if self.replicated:  # the replicas are equal: the first rank writes for all
-            if self.dp_rank == 0:
+            if self.shard_rank == 0:
                 ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
                                      contents=contents)
-            torch.distributed.barrier(group=self.dp_group)
+            torch.distributed.barrier(group=self.shard_group)
             return
         ckpt.save_checkpoint(directory, self.module, self.optimizer, extra,
-                             sharded=self.sharded, rank=self.dp_rank, group=self.dp_group,
-                             contents=contents)
+                             sharded=self.sharded, rank=self.shard_rank,
+                             group=self.shard_group, contents=contents)
 
     def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
         if self.lora:
             return adapter_checkpoint.load_checkpoint(directory, self, contents)
         return ckpt.load_checkpoint(directory, self.module, self.optimizer,
-                                    sharded=self.sharded, group=self.dp_group,
+                                    sharded=self.sharded, group=self.shard_group,
                                     contents=contents)
 
     def export_hf(self, directory: str, tokenizer: Any) -> None:
@@ -153,12 +167,12 @@ class FSDPBackend:
             adapter_checkpoint.export_hf(directory, self, tokenizer, self.merge_on_export)
             return
         state = ckpt.model_state_dict(self.module, self.sharded)
-        if self.dp_rank == 0:
+        if self.shard_rank == 0:
             finish = ((lambda tmp: fix_architectures(tmp, self.module)) if self.sharded
                       else None)
             ckpt.save_pretrained_dir(directory, self.module, state, tokenizer, finish)
         if self.sharded or self.replicated:
-            torch.distributed.barrier(group=self.dp_group)
+            torch.distributed.barrier(group=self.shard_group)
 
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """The full (unsharded) HF-named tensors in buckets of about ``bucket_bytes``
@@ -167,6 +181,7 @@ class FSDPBackend:
         if self.lora:
             yield from buckets_of(lora.merged_weights(self.module), bucket_bytes)
             return
-        named = ((name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
-                 for name, tensor in self.module.state_dict().items())
+        device = self.device  # offloaded shards gather on the device (NCCL has no CPU)
+        named = ((name, tensor.to(device).full_tensor() if hasattr(tensor, "full_tensor")
+                  else tensor) for name, tensor in self.module.state_dict().items())
         yield from buckets_of(named, bucket_bytes)

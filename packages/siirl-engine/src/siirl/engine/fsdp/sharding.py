@@ -49,9 +49,10 @@ def replicates(fsdp_size: Any, world: int, key: str) -> bool:
 
 
 def shard_fsdp2(module: torch.nn.Module, reshard_after_forward: bool = True,
-                group: Any = None) -> torch.nn.Module:
+                group: Any = None, offload: bool = False) -> torch.nn.Module:
     """``fully_shard`` every decoder layer, then the root (embeddings, norm, head), over the
-    ranks of ``group`` (default: the world) on the module's device type."""
+    ranks of ``group`` (default: the world) on the module's device type; ``offload``: with
+    FSDP2's CPU offload (``siirl.engine.fsdp.offload``)."""
     try:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -60,9 +61,14 @@ def shard_fsdp2(module: torch.nn.Module, reshard_after_forward: bool = True,
                           f"fully_shard), missing in torch {torch.__version__}") from exc
     device_type = next(module.parameters()).device.type
     mesh = DeviceMesh.from_group(group or torch.distributed.group.WORLD, device_type)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if offload:
+        from siirl.engine.fsdp.offload import offload_policy
+
+        kwargs["offload_policy"] = offload_policy()
     for layer in decoder_layers(module):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **kwargs)
+    fully_shard(module, **kwargs)
     return module
 
 

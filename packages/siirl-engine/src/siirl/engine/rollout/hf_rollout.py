@@ -25,6 +25,7 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, MODEL_EXTRA_INPUTS
+from siirl.engine.common.runtime import module_device
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.rollout.base import RolloutBase, as_int, postprocess_responses
@@ -82,7 +83,7 @@ class HFRollout(RolloutBase):
         prompts, prompt_mask = out[INPUT_IDS], out[ATTENTION_MASK]
         prompt_pos = self.prompt_positions(out)
         extras = {k: out[k] for k in MODEL_EXTRA_INPUTS if k in out.keys()}
-        device = next(module.parameters()).device
+        device = module_device(module)  # FSDP2 CPU offload: the mesh's device
         chunk = as_int(self.cfg.actor_rollout_ref.rollout.max_num_seqs) or prompts.shape[0] or 1
         # eval() turns dropout off; each submodule's mode is restored afterwards, so
         # submodules frozen in eval mode by the actor stay so

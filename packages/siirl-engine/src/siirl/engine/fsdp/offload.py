@@ -1,0 +1,81 @@
+"""CPU offload of FSDP2-sharded modules: verl's ``fsdp_config.param_offload``,
+``optimizer_offload`` and ``offload_policy``.
+
+FSDP2 has one offload, ``CPUOffloadPolicy``: the parameter shards, their gradients and so
+the optimizer state (built on those parameters) live in host memory, and each layer is
+copied to the device for its forward and backward; the optimizer steps on the CPU. So every
+one of the three keys turns on that same policy: ``optimizer_offload`` alone (verl moves
+only the optimizer state, between steps) offloads the parameters as well.
+
+The shards then sit on the CPU while collectives run on the device's backend (NCCL), so the
+gradient norm is summed on the device (:func:`clip_grad_norm`) rather than through the
+CPU DTensors, which NCCL cannot reduce.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from siirl.errors import ConfigError
+
+__all__ = ["KEYS", "asked", "clip_grad_norm", "offload_policy", "wants_offload"]
+
+KEYS = ("param_offload", "optimizer_offload", "offload_policy")
+
+
+def asked(fsdp_config: Any) -> list:
+    """The offload keys ``fsdp_config`` sets."""
+    return [k for k in KEYS if bool(getattr(fsdp_config, k, False))]
+
+
+def wants_offload(fsdp_config: Any, prefix: str, device: Optional[torch.device],
+                  replicated: bool) -> bool:
+    """Whether ``fsdp_config`` (under ``prefix``) asks for CPU offload; refuses it where it
+    cannot act: on a CPU run, or with a module replicated whole (``fsdp_size=1``)."""
+    keys = asked(fsdp_config)
+    if not keys:
+        return False
+    key = f"{prefix}.{keys[0]}"
+    if torch.device(device).type == "cpu":
+        raise ConfigError(f"{key}=true moves parameters, gradients and optimizer state from "
+                          f"the accelerator to host memory, but this run computes on the CPU "
+                          f"(trainer.device=cpu, or no GPU visible): there is nothing to "
+                          f"offload. Set it to false.")
+    if replicated:
+        raise ConfigError(f"{key}=true offloads FSDP2 shards, but {prefix}.fsdp_size=1 keeps "
+                          f"the whole module on every worker; use fsdp_size=-1 to shard it, "
+                          f"or set {key}=false.")
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise ConfigError(f"{key}=true needs torch.distributed (siirl-train sets it up) to "
+                          f"shard the module with FSDP2, even on one worker.")
+    return True
+
+
+def offload_policy() -> Any:
+    """FSDP2's CPU offload (pinned host memory: faster copies to the device)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=True)
+
+
+def clip_grad_norm(module: torch.nn.Module, clip: Any, group: Any,
+                   device: torch.device) -> float:
+    """Clip the gradients of an offloaded FSDP2 module (shards on the CPU, sharded over
+    ``group``) to ``clip`` (<= 0 or None: measure only); the global norm."""
+    grads = [p.grad for p in module.parameters() if p.requires_grad and p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    squares = torch.zeros((), dtype=torch.float64)
+    for grad in local:
+        squares += grad.detach().double().pow(2).sum()
+    squares = squares.to(device)
+    torch.distributed.all_reduce(squares, group=group)  # every shard once
+    norm = float(squares.sqrt())
+    max_norm = float(clip) if clip and clip > 0 else float("inf")
+    if math.isfinite(norm) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)  # torch's clip_grad_norm_ epsilon
+        for grad in local:
+            grad.mul_(scale)
+    return norm
