@@ -67,7 +67,10 @@ def token_plan(data: Any, limit: TokenBudget, dp_group: Any = None, dp_size: int
                           "data.max_prompt_length + data.max_response_length")
     count = math.ceil(sum(lengths) / limit.max_tokens)
     if dp_size > 1 and torch.distributed.is_initialized():
-        wanted = torch.tensor([count], dtype=torch.long)
+        # NCCL reduces device tensors only; gloo, CPU ones
+        nccl = torch.distributed.get_backend(dp_group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+        wanted = torch.tensor([count], dtype=torch.long, device=device)
         torch.distributed.all_reduce(wanted, op=torch.distributed.ReduceOp.MAX, group=dp_group)
         count = int(wanted.item())
     count = max(1, min(count, rows))
