@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-
 from test_robosuite_adapter import _why_skip
 
 pytestmark = pytest.mark.skipif(_why_skip() is not None, reason=str(_why_skip()))
