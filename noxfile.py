@@ -77,6 +77,9 @@ def embodied_sim(session: nox.Session) -> None:
     # torch named again: libero's robomimic wants torchvision, whose newest release would
     # replace the CPU torch with a CUDA one
     session.install("torch==2.13.0", "-e", "packages/siirl-envs[robosuite,libero]")
+    # robomimic's torchvision breaks transformers' imports (torchvision::nms); the adapters
+    # and the tiny VLA need neither
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision")
     session.run("python", "-m", "pytest", "-q", "-rs", "tests/envs/embodied",
                 *session.posargs, env={"MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": "osmesa"})
 
