@@ -40,6 +40,8 @@ OTHER_FIELDS = {
     fields.ENV_SCORES: "multi-agent rollout",
     fields.TRAJECTORY_EMBEDDING: "SRPO progress reward",
     fields.TASK_ID: "embodied rollout",
+    fields.PIXEL_VALUES: "embodied rollout (a VLA's camera images)",
+    fields.PROPRIO: "embodied rollout (a VLA's robot state)",
     fields.ROLLOUT_LOG_PROBS: "the vllm rollout",
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
 }

@@ -193,9 +193,38 @@ def cluster_traffic_section() -> list:
                    "weight sync", "all loopback traffic"], lines, [_source(result)])
 
 
+def packing_section() -> list:
+    result = _load("packing")
+    if not result:
+        return []
+    lines = [f"| {c['model']} ({c['params'] / 1e6:.1f}M) | {c['tokens_run']['padded']} | "
+             f"{c['tokens_run']['packed']} | {c['median_s']['padded']:.3f} s | "
+             f"{c['median_s']['packed']:.3f} s | **{c['packed_over_padded']:.2f}x** | "
+             f"{c['max_abs_logprob_diff']:.1e} |" for c in result["cases"]]
+    return _table("**Remove-padding** (`tools/bench/packing.py`: " + result["what"] + "; "
+                  + result["batch"] + "):",
+                  ["model", "tokens run padded", "packed", "padded", "packed",
+                   "packed / padded", "max log-prob difference"], lines, [_source(result)])
+
+
+def lora_memory_section() -> list:
+    result = _load("lora_memory")
+    if not result:
+        return []
+    lines = [f"| {c['case']} | {c['trainable'] / 1e6:.2f}M of {c['params'] / 1e6:.1f}M | "
+             f"{c['optimizer_mb']:.0f} MB | {c['peak_mb']:.0f} MB |" for c in result["cases"]]
+    ratio = result["lora_over_full"]["peak_mb"]
+    return _table("**LoRA memory** (`tools/bench/lora_memory.py`: " + result["model"] + "; "
+                  + result["batch"] + f"; {result['steps']} steps, each case in a fresh "
+                  f"process; peak RSS, LoRA / full = **{ratio:.2f}x**):",
+                  ["case", "trainable", "optimizer state", "peak memory"], lines,
+                  [_source(result)])
+
+
 SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
                   databuffer_section,
-                  scaling_section, cluster_traffic_section]
+                  scaling_section, cluster_traffic_section, packing_section,
+                  lora_memory_section]
 
 
 def render(sections: list = SECTIONS) -> str:

@@ -86,7 +86,8 @@ class ModelArguments:
     path: str | None = field(
         default=None,
         metadata={"help": "Local HF directory, a .gguf file, 'smollm2', a built-in name "
-                          "(builtin:tiny-arith, builtin:tiny-arith-hd32, builtin:tiny-agent), "
+                          "(builtin:tiny-arith, builtin:tiny-arith-hd32, builtin:tiny-agent, "
+                          "builtin:tiny-vla), "
                           "or null for the built-in tiny arithmetic model."},
     )
     custom_chat_template: str | None = None

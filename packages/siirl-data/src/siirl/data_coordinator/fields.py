@@ -64,5 +64,8 @@ TASK_ID = "task_id"  # non-tensor str: the embodied task an episode plays
 # observation per row, in an episode row one per chunk step ([B, T, ...], zeros past its end)
 PIXEL_VALUES = "pixel_values"  # uint8 [B, H, W, 3] or [B, T, H, W, 3]: camera images
 PROPRIO = "proprio"  # float32 [B, P] or [B, T, P]: the robot's own state
+
+
 # the model inputs a rollout or log-prob pass hands to the model when a batch has them
-MODEL_EXTRA_INPUTS = (PIXEL_VALUES, PROPRIO)
+# (lower-case: a tuple of fields, not a field of the table)
+model_extra_inputs = (PIXEL_VALUES, PROPRIO)

@@ -17,9 +17,9 @@ import torch
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     INPUT_IDS,
-    MODEL_EXTRA_INPUTS,
     POSITION_IDS,
     RESPONSES,
+    model_extra_inputs,
 )
 
 # what a head reads of a batch: the sequences and where the response starts
@@ -28,7 +28,7 @@ FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
 
 def forward_keys(batch: Any, keys: tuple = FORWARD_KEYS) -> tuple:
     """``keys`` and the extra model inputs the batch carries (a VLA's images)."""
-    return tuple(keys) + tuple(k for k in MODEL_EXTRA_INPUTS if k in batch.keys())
+    return tuple(keys) + tuple(k for k in model_extra_inputs if k in batch.keys())
 
 # head(module, micro_batch) -> {name: [rows, response_length] tensor or None}
 HeadFn = Callable[[torch.nn.Module, Any], Dict[str, Optional[torch.Tensor]]]

@@ -20,8 +20,8 @@ import torch
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     INPUT_IDS,
-    MODEL_EXTRA_INPUTS,
     POSITION_IDS,
+    model_extra_inputs,
 )
 from siirl.engine.actor.embodied_actor import episode_logprobs, is_episode_batch
 from siirl.engine.actor.engine import ActorEngine
@@ -89,7 +89,7 @@ def logprob_heads(logprob_fn: Optional[Callable] = None, remove_padding: bool = 
         def head(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
             if is_episode_batch(micro):  # a VLA's episodes: one forward per chunk
                 return episode_logprobs(module, micro, temperature, calculate_entropy)
-            extras = {k: micro[k] for k in MODEL_EXTRA_INPUTS if k in micro.keys()}
+            extras = {k: micro[k] for k in model_extra_inputs if k in micro.keys()}
             rows = (module, micro[INPUT_IDS], micro[ATTENTION_MASK], micro[POSITION_IDS],
                     response_length)
             if packs and not extras:  # images ride along per row: those rows stay padded

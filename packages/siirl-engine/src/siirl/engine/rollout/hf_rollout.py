@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, MODEL_EXTRA_INPUTS
+from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, model_extra_inputs
 from siirl.engine.common.runtime import module_device
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
@@ -82,7 +82,7 @@ class HFRollout(RolloutBase):
         keys = self.noise_keys(out, n)
         prompts, prompt_mask = out[INPUT_IDS], out[ATTENTION_MASK]
         prompt_pos = self.prompt_positions(out)
-        extras = {k: out[k] for k in MODEL_EXTRA_INPUTS if k in out.keys()}
+        extras = {k: out[k] for k in model_extra_inputs if k in out.keys()}
         device = module_device(module)  # FSDP2 CPU offload: the mesh's device
         chunk = as_int(self.cfg.actor_rollout_ref.rollout.max_num_seqs) or prompts.shape[0] or 1
         # eval() turns dropout off; each submodule's mode is restored afterwards, so
