@@ -49,7 +49,7 @@ from siirl.data_coordinator.fields import (
     TRAJECTORY_EMBEDDING,
     UID,
 )
-from siirl.environment.agentic.rollout_node import episode_seed
+from siirl.environment.agentic.rollout_node import _left_padded, episode_seed
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.errors import ConfigError
@@ -64,18 +64,12 @@ class Episode(SimpleNamespace):
 
 def _policy_batch(prompts: List[List[int]], pad_id: int, images: np.ndarray,
                   proprio: np.ndarray, keys: List[int]) -> Any:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
-    return protocol.make_batch({
-        INPUT_IDS: ids, ATTENTION_MASK: mask,
-        POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0),
+    fields = _left_padded(prompts, pad_id)
+    fields.update({
         PIXEL_VALUES: torch.from_numpy(np.ascontiguousarray(images)),
         PROPRIO: torch.from_numpy(np.ascontiguousarray(proprio, dtype=np.float32)),
         SAMPLE_ID: torch.tensor(keys, dtype=torch.long)})
+    return protocol.make_batch(fields)
 
 
 def play(envs: Any, episodes: List[Episode], act, chunks: int, wave: int,
@@ -116,9 +110,8 @@ def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
                  per_chunk: int) -> Any:
     """One row per episode (see the module docstring)."""
     count = len(episodes)
-    width = max(len(e.prompt) for e in episodes)
-    prompts = torch.full((count, width), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((count, width), dtype=torch.long)
+    left = _left_padded([e.prompt for e in episodes], pad_id)
+    prompts, prompt_mask = left[INPUT_IDS], left[ATTENTION_MASK]
     responses = torch.full((count, chunks * per_chunk), pad_id, dtype=torch.long)
     response_mask = torch.zeros((count, chunks * per_chunk), dtype=torch.float32)
     image_shape = episodes[0].images[0].shape
@@ -126,8 +119,6 @@ def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
     proprio_dim = max(len(e.proprios[0]) for e in episodes)
     proprio = torch.zeros((count, chunks, proprio_dim), dtype=torch.float32)
     for row, episode in enumerate(episodes):
-        prompts[row, width - len(episode.prompt):] = torch.tensor(episode.prompt)
-        prompt_mask[row, width - len(episode.prompt):] = 1
         played = len(episode.tokens)
         if played:
             responses[row, :played * per_chunk] = torch.as_tensor(
