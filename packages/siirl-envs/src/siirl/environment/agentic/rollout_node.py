@@ -103,7 +103,7 @@ def tag_of(sample_id: int, tags: Sequence[str], partition: Optional[Sequence[int
     return tags[-1]
 
 
-def _left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
+def left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -125,7 +125,7 @@ class EnginePolicy:
         self.reply_tokens, self.validate = reply_tokens, validate
 
     def __call__(self, prompts: List[List[int]], keys: List[int]) -> List[List[int]]:
-        fields = _left_padded(prompts, self.pad_id)
+        fields = left_padded(prompts, self.pad_id)
         fields[SAMPLE_ID] = torch.tensor(keys, dtype=torch.long)
         batch = protocol.make_batch(fields)
         with self.rollout.overridden(n=1, response_length=self.reply_tokens):
@@ -135,7 +135,7 @@ class EnginePolicy:
 
 
 def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
-    prompts = _left_padded([e.ids[:e.prompt_length] for e in episodes], pad_id)
+    prompts = left_padded([e.ids[:e.prompt_length] for e in episodes], pad_id)
     width = max(1, max(len(e.response_ids) for e in episodes))
     responses = torch.full((len(episodes), width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(episodes), width), dtype=torch.float32)
@@ -189,7 +189,7 @@ def _step_rows(episodes: Sequence[Episode], pad_id: int, gamma: float) -> Any:
             success.append(float(episode.success))
     if not prompts:
         raise RuntimeError("no episode got to its first turn")
-    left = _left_padded(prompts, pad_id)
+    left = left_padded(prompts, pad_id)
     width = max(1, max(len(r) for r in replies))
     responses = torch.full((len(replies), width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(replies), width), dtype=torch.float32)

@@ -49,7 +49,7 @@ from siirl.data_coordinator.fields import (
     TRAJECTORY_EMBEDDING,
     UID,
 )
-from siirl.environment.agentic.rollout_node import _left_padded, episode_seed
+from siirl.environment.agentic.rollout_node import left_padded, episode_seed
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.errors import ConfigError
@@ -64,7 +64,7 @@ class Episode(SimpleNamespace):
 
 def _policy_batch(prompts: List[List[int]], pad_id: int, images: np.ndarray,
                   proprio: np.ndarray, keys: List[int]) -> Any:
-    fields = _left_padded(prompts, pad_id)
+    fields = left_padded(prompts, pad_id)
     fields.update({
         PIXEL_VALUES: torch.from_numpy(np.ascontiguousarray(images)),
         PROPRIO: torch.from_numpy(np.ascontiguousarray(proprio, dtype=np.float32)),
@@ -110,7 +110,7 @@ def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
                  per_chunk: int) -> Any:
     """One row per episode (see the module docstring)."""
     count = len(episodes)
-    left = _left_padded([e.prompt for e in episodes], pad_id)
+    left = left_padded([e.prompt for e in episodes], pad_id)
     prompts, prompt_mask = left[INPUT_IDS], left[ATTENTION_MASK]
     responses = torch.full((count, chunks * per_chunk), pad_id, dtype=torch.long)
     response_mask = torch.zeros((count, chunks * per_chunk), dtype=torch.float32)
