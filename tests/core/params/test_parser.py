@@ -73,6 +73,13 @@ def test_not_key_value_argument():
         parse_config(["trainer.total_epochs"])
 
 
+def test_comma_value_is_refused_as_a_sweep_and_quoting_passes_it():
+    with pytest.raises(ConfigError, match="sweep.*quote the value"):
+        parse_config(["actor_rollout_ref.embodied.env.env_name=reach_red,reach_blue"])
+    cfg = parse_config(['actor_rollout_ref.embodied.env.env_name="reach_red,reach_blue"'])
+    assert cfg.actor_rollout_ref.embodied.env.env_name == "reach_red,reach_blue"
+
+
 def test_preset_merge_and_errors(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("actor_rollout_ref:\n  rollout:\n    n: 4\n  model:\n"

@@ -123,6 +123,11 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
         with open_dict(cfg):
             del parent[key.rsplit(".", 1)[-1]]
         return
+    if override.is_sweep_override():  # Hydra reads a,b as alternatives to run in turn
+        raise ConfigError(f"{origin}: '{key}' gets a comma-separated value, which Hydra reads "
+                          "as a sweep over several runs; siirl-train runs one: quote the "
+                          f"value to pass it as one string ({key}='\"a,b\"') or give a list "
+                          f"({key}=[a,b]) where the key takes one")
     value = override.value()
     try:
         if override.is_add() or override.is_force_add():
