@@ -53,6 +53,14 @@ def test_compute_log_prob_shape_and_values():
         agg_loss(ent, batch["response_mask"], "token-mean").item(), abs=1e-5)
 
 
+def test_all_masked_rows_report_no_entropy():
+    # every group filtered out of the loss: no token to average, so no entropy (not 0)
+    batch = rollout_batch(rows=2)
+    batch.set("response_mask", torch.zeros_like(batch["response_mask"]))
+    out = actor_engine(actor_config()).compute_log_prob(batch)
+    assert "actor/entropy" not in out.metrics
+
+
 def test_update_raises_logprob_of_positively_advantaged_responses():
     engine = actor_engine(actor_config("actor_rollout_ref.actor.grad_clip=100.0"))
     batch = with_advantages(engine, rollout_batch(rows=4))

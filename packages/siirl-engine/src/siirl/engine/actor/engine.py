@@ -68,7 +68,8 @@ class ActorEngine(TrainedEngine):
         log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
         batch.set(OLD_LOG_PROBS, log_probs)
         metrics = {}
-        if RESPONSE_MASK in batch.keys():
+        # rows all masked out (every group filtered) have no entropy to report, not 0
+        if RESPONSE_MASK in batch.keys() and bool(batch[RESPONSE_MASK].any()):
             metrics["actor/entropy"] = float(agg_loss(entropy, batch[RESPONSE_MASK],
                                                       self.loss_agg_mode))
         return NodeOutput(batch=batch, metrics=metrics)
