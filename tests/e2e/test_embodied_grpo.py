@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,8 @@ def siirl_train(preset, run_dir, *overrides):
     proc = subprocess.run([*command, "--config", str(REPO / "configs" / preset),
                            f"trainer.default_local_dir={run_dir}", *SMALL, *overrides],
                           capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          env=dict(os.environ, OMP_NUM_THREADS="1",
+                                   RAY_AUTH_MODE="disabled", RAY_ADDRESS=""))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text()
             .splitlines()]
@@ -64,3 +66,22 @@ def test_embodied_srpo_rows_carry_video_embeddings(tmp_path):
     # a group with both outcomes pays its failures a progress reward below a success's
     if "reward/progress/mean" in step:
         assert 0.0 <= step["reward/progress/mean"] < 1.0
+
+
+def test_two_workers_log_the_first_step_of_one(tmp_path):
+    """The same global batch on 2 workers (each plays one group's episodes) logs the first
+    step's metrics of 1 worker: counts add up, rates and losses agree, and a worker whose
+    only group is filtered out adds no empty mean."""
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths
+    common = ["trainer.total_training_steps=1", "trainer.save_freq=-1",
+              "trainer.val_before_train=false",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    one = _train_steps(siirl_train("embodied_grpo.yaml", tmp_path / "one", *common))[1]
+    two = _train_steps(siirl_train(
+        "embodied_grpo.yaml", tmp_path / "two", *common, "trainer.n_gpus_per_node=2",
+        "trainer.ray_address=local", f"trainer.ray_temp_dir={ray_dir}"))[1]
+    assert two["env/episodes"] == one["env/episodes"] == 8.0
+    assert set(two) == set(one)
+    for key, value in one.items():
+        if isinstance(value, float):
+            assert abs(two[key] - value) <= 1e-5 * max(1.0, abs(value)), key

@@ -34,6 +34,11 @@ from siirl.execution.metric_worker import (
     ("response_length/clip_ratio", "mean"),
     ("perf/max_memory_allocated_gb", "mean"),
     ("reward/errors_rate", "mean"),
+    ("env/episodes", "sum"),
+    ("val-env/episodes", "sum"),
+    ("env/lost", "sum"),
+    ("env/actions_clipped", "sum"),
+    ("env/success_rate", "mean"),
 ])
 def test_reducer_for(name, reducer):
     assert reducer_for(name) == reducer

@@ -102,8 +102,9 @@ def compute_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput:
                                               f"advantage estimator '{name}'")
     batch[ADVANTAGES], batch[RETURNS] = advantages, returns
     mask = batch[RESPONSE_MASK].bool()
-    metrics.update({"critic/advantages/mean": advantages[mask].mean(),
-                    "critic/returns/mean": returns[mask].mean()})
+    if mask.any():  # a worker whose rows are all masked out (filtered) has no mean to give
+        metrics.update({"critic/advantages/mean": advantages[mask].mean(),
+                        "critic/returns/mean": returns[mask].mean()})
     return NodeOutput(batch=batch, metrics=metrics)
 
 

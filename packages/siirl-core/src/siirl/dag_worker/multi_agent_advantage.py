@@ -90,8 +90,9 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput
             batch.set(prefix(g) + RETURNS, ret)
             batch.set(prefix(g) + TOKEN_LEVEL_REWARDS, rewards[g])
             mask = _field(batch, g, RESPONSE_MASK).bool()
-            metrics[f"agent_group_{g}/critic/advantages/mean"] = adv[mask].mean()
-            metrics[f"agent_group_{g}/critic/returns/mean"] = ret[mask].mean()
+            if mask.any():
+                metrics[f"agent_group_{g}/critic/advantages/mean"] = adv[mask].mean()
+                metrics[f"agent_group_{g}/critic/returns/mean"] = ret[mask].mean()
         return NodeOutput(batch=batch, metrics=metrics)
     rewards = _rewards_per_agent(batch, groups, zeros_if_missing=False)
     for g in groups:

@@ -30,6 +30,9 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("reward/timeouts", SUM),
     ("env/errors/*", SUM),  # agentic episodes: failures and format errors are counts
     ("*/format_errors", SUM),
+    ("*env/episodes", SUM),  # embodied episodes: how many were played, lost, clipped
+    ("*env/lost", SUM),
+    ("*env/actions_clipped", SUM),
     ("multi_turn/tool_errors", SUM),
     ("*/count", SUM),
     ("*/total", SUM),
