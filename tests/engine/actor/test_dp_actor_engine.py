@@ -57,8 +57,10 @@ def test_all_masked_rows_report_no_entropy():
     # every group filtered out of the loss: no token to average, so no entropy (not 0)
     batch = rollout_batch(rows=2)
     batch.set("response_mask", torch.zeros_like(batch["response_mask"]))
-    out = actor_engine(actor_config()).compute_log_prob(batch)
-    assert "actor/entropy" not in out.metrics
+    engine = actor_engine(actor_config())
+    assert "actor/entropy" not in engine.compute_log_prob(batch).metrics
+    metrics = engine.update_policy(with_advantages(engine, batch)).metrics
+    assert "actor/entropy" not in metrics and metrics["actor/pg_loss"] == 0.0
 
 
 def test_update_raises_logprob_of_positively_advantaged_responses():

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 
+from siirl.data_coordinator.fields import RESPONSE_MASK
 from siirl.data_coordinator.protocol import split
 from siirl.engine.common.backend import Head, MicroLoss, TrainBackend
 from siirl.engine.common.dp_utils import dp_sum
@@ -116,8 +117,12 @@ class PPOUpdater:
         grad_key = f"{self.prefix}/grad_norm"
         grad_norms = stats.pop(grad_key, None)
         metrics = {key: sum(values) / len(values) for key, values in stats.items()}
+        if RESPONSE_MASK in data.keys():
+            metrics[_TOKENS] = float(data[RESPONSE_MASK].sum())
         # each rank holds its share of the global value
         metrics = dp_sum(metrics, backend.dp_size, backend.dp_group, backend.device)
+        if metrics.pop(_TOKENS, None) == 0.0:  # every row masked out (all groups filtered):
+            metrics.pop(f"{self.prefix}/entropy", None)  # no token has an entropy to report
         # the grad norm is global already, so every rank skips the same steps; nan when
         # every step was skipped
         metrics[grad_key] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
@@ -144,6 +149,9 @@ class PPOUpdater:
             return False
         stats[f"{self.prefix}/grad_norm"].append(grad_norm)
         return True
+
+
+_TOKENS = "_trained_tokens"  # summed over ranks beside the metrics, then dropped
 
 
 class UpdatingRole:
