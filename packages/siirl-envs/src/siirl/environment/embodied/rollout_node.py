@@ -49,7 +49,7 @@ from siirl.data_coordinator.fields import (
     TRAJECTORY_EMBEDDING,
     UID,
 )
-from siirl.environment.agentic.rollout_node import left_padded, episode_seed
+from siirl.environment.agentic.rollout_node import episode_seed, left_padded
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.errors import ConfigError
