@@ -28,6 +28,8 @@ from siirl.engine.common.dp_utils import dp_sum
 from siirl.engine.common.dynamic_batch import Micro, TokenBudget, count, token_plan
 from siirl.errors import ConfigError
 
+_TOKENS = "_trained_tokens"  # summed over ranks beside the metrics, then dropped
+
 
 class MiniBatchLoss(Protocol):
     """A role's loss plug-in (policy loss, value loss)."""
@@ -149,9 +151,6 @@ class PPOUpdater:
             return False
         stats[f"{self.prefix}/grad_norm"].append(grad_norm)
         return True
-
-
-_TOKENS = "_trained_tokens"  # summed over ranks beside the metrics, then dropped
 
 
 class UpdatingRole:
