@@ -197,8 +197,9 @@ RULES: Tuple[Rule, ...] = (
     _na("data.return_raw_input_ids", "no effect: the reward model makes its own inputs",
         "the reward model reads the actor's ids, or (another tokenizer) decodes and "
         "re-tokenises the prompt and response itself: no raw ids are needed."),
-    _na("data.return_full_prompt", "no effect: single-turn rollouts",
-        "the full prompt text is only used by multi-turn rollouts (issue 17)."),
+    _na("data.return_full_prompt", "no effect: rows keep their chat messages",
+        "every row keeps its chat messages (raw_prompt); multi-turn and agentic rollouts "
+        "apply the chat template to them themselves."),
     _na("data.validation_shuffle", "no effect: validation covers the whole set",
         "validation scores the whole set, so its order does not change the metrics."),
     _na(("data.dataloader_num_workers", "data.filter_overlong_prompts_workers"),
@@ -237,8 +238,8 @@ RULES: Tuple[Rule, ...] = (
     _refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
              _NO_MEGATRON_PACKING, strategy_is("critic.strategy", megatron=True)),
     _refused(("actor_rollout_ref.model.enable_activation_offload",
-              "critic.model.enable_activation_offload"), "offload lands with issue 19",
-             "activation offload is not implemented (issue 19); enable_gradient_checkpointing "
+              "critic.model.enable_activation_offload"), "activation offload is not implemented",
+             "activation offload is not implemented; enable_gradient_checkpointing "
              "(on by default for GPUs) saves activation memory."),
     _na(("actor_rollout_ref.model.use_liger", "actor_rollout_ref.model.use_fused_kernels",
          "actor_rollout_ref.model.fused_kernel_options"), "no effect: transformers kernels",
