@@ -1,7 +1,7 @@
 """The built-in tiny agent (``builtin:tiny-agent``, made by tools/make_tiny_agent.py) loads
 offline, its tokenizer round-trips the environments' text, and played greedily through the
-trajectory env manager with the settings in its ``agent_envs.json`` it answers in format and
-succeeds in some episodes but not most: the start the AGENTIC presets need."""
+trajectory env manager with the settings in its ``agent_envs.json`` it answers in format,
+plays well greedily and much worse sampled: the start the AGENTIC presets need."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from siirl.engine.models import loader  # noqa: E402
 from siirl.environment.agentic.trajectory import TrajectoryEnvManager  # noqa: E402
 from siirl.environment.registry import make_env  # noqa: E402
 
-# the build's held-out seeds (its training episodes use seeds from 1,000,000 on): the model
-# card's greedy table is measured on them; Sokoban's greedy rate is low (~6%), so fewer
-# episodes could see no success at all
+# held-out seeds (the build trains on seeds from 1,000,000 on): the first 48 of the 100 the
+# model card's table is measured on
 SEEDS = range(48)
 
 
@@ -79,12 +78,16 @@ def test_tokenizer_round_trips_observations(agent, trained_with):
     assert tok.convert_ids_to_tokens(reply) == ["<answer>", "Down", "</answer>"]
 
 
-def _greedy_policy(model, tok, max_new):
+def _policy(model, tok, max_new, sample: bool):
+    """Replies from ``model.generate``: greedy, or sampled at temperature 1 (seeded)."""
+    decoding = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample \
+        else dict(do_sample=False)
+
     @torch.no_grad()
     def policy(prompts):
         enc = tok.pad({"input_ids": prompts}, return_tensors="pt")
-        out = model.generate(**enc, max_new_tokens=max_new, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        out = model.generate(**enc, max_new_tokens=max_new, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, **decoding)
         replies = []
         for row in out[:, enc["input_ids"].shape[1]:].tolist():
             end = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
@@ -93,18 +96,26 @@ def _greedy_policy(model, tok, max_new):
     return policy
 
 
-def test_greedy_play_leaves_room_for_rl(agent, trained_with, one_thread):
+def _play(model, tok, limits, tag, entry, sample: bool) -> float:
+    torch.manual_seed(0)
+    manager = TrajectoryEnvManager(tok, limits["max_actions_per_traj"],
+                                   limits["max_episode_tokens"])
+    episodes = [manager.start(_env(entry), seed, group=str(seed), tag=tag) for seed in SEEDS]
+    manager.run(episodes, _policy(model, tok, limits["max_tokens_per_step"], sample))
+    format_errors = sum(e.format_errors for e in episodes) / sum(e.turns for e in episodes)
+    assert not manager.errors, manager.errors
+    assert format_errors <= 0.05, (tag, sample, format_errors)
+    assert max(len(e.ids) for e in episodes) <= limits["max_episode_tokens"]
+    return sum(e.success for e in episodes) / len(episodes)
+
+
+def test_it_reads_the_grid_but_samples_unsurely(agent, trained_with, one_thread):
+    """Greedy play shows what the warm-up taught; sampled play (what GRPO starts from) is
+    far below it: the room the presets' training closes."""
     model, tok = agent
     limits = trained_with["env_manager"]
     for tag, entry in trained_with["custom_envs"].items():
-        manager = TrajectoryEnvManager(tok, limits["max_actions_per_traj"],
-                                       limits["max_episode_tokens"])
-        episodes = [manager.start(_env(entry), seed, group=str(seed), tag=tag)
-                    for seed in SEEDS]
-        manager.run(episodes, _greedy_policy(model, tok, limits["max_tokens_per_step"]))
-        success = sum(e.success for e in episodes) / len(episodes)
-        format_errors = sum(e.format_errors for e in episodes) / sum(e.turns for e in episodes)
-        assert not manager.errors, manager.errors
-        assert format_errors <= 0.05, (tag, format_errors)
-        assert 0.0 < success <= 0.6, (tag, success)
-        assert max(len(e.ids) for e in episodes) <= limits["max_episode_tokens"]
+        greedy = _play(model, tok, limits, tag, entry, sample=False)
+        sampled = _play(model, tok, limits, tag, entry, sample=True)
+        assert greedy >= 0.25 and sampled <= 0.4, (tag, greedy, sampled)
+        assert greedy - sampled >= 0.15, (tag, greedy, sampled)
