@@ -302,8 +302,8 @@ def soft_action_loss(model, ids, att, lab, action_ids: torch.Tensor, alpha: floa
 
 def soften(model, tok, rows, args, log) -> None:
     """Make the warmed-up model unsure of its action, not of what it sees: only the four
-    action words' embedding rows train (tied, so their logits), toward soft labels. Its
-    greedy play stays the warm-up's; sampled play drops towards chance, and that gap is
+    action words' embedding rows train (tied, so their logits), toward soft labels. Sampled
+    play drops towards chance, greedy play much less (the card has both), and that gap is
     what GRPO closes first."""
     action_ids = torch.tensor(tok.convert_tokens_to_ids(ACTIONS))
     for p in model.parameters():
