@@ -34,6 +34,7 @@ from siirl.dag_worker.checkpoint_manager import (
 from siirl.dag_worker.console import Progress
 from siirl.dag_worker.profiling import StepProfiler
 from siirl.dag_worker.quiet_libraries import QuietLibraries
+from siirl.dag_worker.step_budget import StepBudget
 from siirl.dag_worker.step_health import StepHealth
 from siirl.dag_worker.tracking import Tracking, build_tracking
 from siirl.dag_worker.validator import validate
@@ -55,18 +56,6 @@ def configure_threads(config: Any) -> None:
         not torch.cuda.is_available()
     if threads and on_cpu:
         torch.set_num_threads(int(threads))
-
-
-def total_steps(config: Any, steps_per_epoch: Optional[int]) -> int:
-    """verl semantics: total_training_steps, when set, caps total_epochs * steps_per_epoch."""
-    explicit = select(config, "trainer.total_training_steps")
-    by_epochs = int(select(config, "trainer.total_epochs", 1)) * steps_per_epoch \
-        if steps_per_epoch else None
-    candidates = [int(n) for n in (explicit, by_epochs) if n is not None]
-    if not candidates:
-        raise ConfigError("trainer.total_training_steps must be set when the workflow reads no "
-                          "dataset")
-    return min(candidates)
 
 
 def _due(step: int, freq: Any, last: bool) -> bool:
@@ -187,9 +176,16 @@ class Trainer:
         set_up = time.perf_counter()
         self.worker.setup()
         loader = self.worker.train_loader
-        steps = total_steps(self.config, len(loader) if loader is not None else None)
+        budget = StepBudget.of(self.config, len(loader) if loader is not None else None)
+        steps = budget.steps
         self.worker.set_total_training_steps(steps)
         resumed = self._maybe_resume()
+        if self.worker.comm.is_chief:  # a run asked for more steps than it will train
+            at_step = self.worker.global_step
+            notice = budget.finished_notice(at_step) if resumed and at_step >= steps \
+                else budget.capped_notice()
+            if notice:
+                print(notice, flush=True)
         startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
         startup.settle()  # everything loaded: later collections skip it
         comm = self.worker.comm
