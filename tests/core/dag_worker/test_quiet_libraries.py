@@ -59,3 +59,36 @@ def test_hugging_face_bars_off_while_stderr_is_not_a_terminal(tmp_path, monkeypa
         if transformers is not None:
             assert not transformers.utils.logging.is_progress_bar_enabled()
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def test_a_deprecation_a_library_logs_goes_to_the_log(tmp_path):
+    """transformers logs some deprecations (``logger.warning_once``) instead of warning."""
+    import logging
+
+    import transformers.utils.logging as hf_logging
+
+    hf_logging.get_logger("transformers.utils.generic")  # transformers' own handler
+    library = logging.getLogger("transformers.utils.generic")
+    own = logging.getLogger("siirl.something")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    for logger in (logging.getLogger("transformers"), logging.getLogger()):
+        logger.addHandler(handler)
+    try:
+        with QuietLibraries(str(tmp_path)) as quiet:
+            library.warning("`past_key_values`/`cache_params` are deprecated. Use `cache`")
+            library.warning("Some weights were not initialized")  # may need action: shown
+            library.error("the model's config is deprecated and broken")  # errors: shown
+            own.warning("siiRL's own deprecation notice is shown")
+        library.warning("after the run: `foo` is deprecated")
+    finally:
+        for logger in (logging.getLogger("transformers"), logging.getLogger()):
+            logger.removeHandler(handler)
+    shown = stream.getvalue()
+    assert "past_key_values" not in shown
+    assert "Some weights were not initialized" in shown and "broken" in shown
+    assert "siiRL's own deprecation" in shown and "after the run" in shown
+    assert quiet.count == 1 and quiet.libraries == ["transformers"]
+    assert (tmp_path / "warnings.log").read_text() == (
+        "WARNING transformers.utils.generic: `past_key_values`/`cache_params` are "
+        "deprecated. Use `cache`\n")

@@ -6,6 +6,10 @@
   the collectives megatron calls, transformers deprecations... A warning attributed to
   siiRL or to the user's own code is shown as usual. Rank 0 prints one line saying how
   many went to the file (``announce``).
+* Deprecation notices a library logs through :mod:`logging` instead (transformers'
+  ``logger.warning_once("... is deprecated ...")``) go to the same file: a filter on the
+  handlers of the root logger and of the libraries' own loggers (transformers installs its
+  handler when first imported, so its logging is set up here before the run loads it).
 * When stderr is not a terminal (a log file, a pipe, a Ray worker), Hugging Face progress
   bars ("Loading weights", "Writing model shards") are switched off: they would fill the
   log with carriage returns.
@@ -13,6 +17,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import sys
 import warnings
@@ -46,16 +52,33 @@ class QuietLibraries:
         self._shown = None
         self._undo: List[Any] = []
         self._announced = False
+        self._filter = _LoggedDeprecations(self)
+        self._filtered: List[logging.Handler] = []
 
     def __enter__(self) -> QuietLibraries:
         self._shown = warnings.showwarning
         warnings.showwarning = self._showwarning
+        if "transformers" not in sys.modules and importlib.util.find_spec("transformers"):
+            import transformers.utils.logging  # noqa: F401  (its handler exists from here)
+        self.watch_loggers()
         if not is_terminal(sys.stderr):
             self._quiet_progress_bars()
         return self
 
+    def watch_loggers(self) -> None:
+        """Filter the handlers the root and library loggers have now (call again once a
+        library that adds its own, vLLM say, is loaded)."""
+        for name in (None, *LIBRARIES):
+            for handler in logging.getLogger(name).handlers:
+                if handler not in self._filtered:
+                    handler.addFilter(self._filter)
+                    self._filtered.append(handler)
+
     def __exit__(self, *exc_info) -> None:
         warnings.showwarning = self._shown
+        for handler in self._filtered:
+            handler.removeFilter(self._filter)
+        self._filtered.clear()
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -68,11 +91,14 @@ class QuietLibraries:
         if library is None:
             self._shown(message, category, filename, lineno, file, line)
             return
+        self.keep(library, warnings.formatwarning(message, category, filename, lineno, line))
+
+    def keep(self, library: str, text: str) -> None:
+        """Write one library warning to the file, counted for ``announce``."""
         if self._file is None:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(self.prefix + warnings.formatwarning(message, category, filename,
-                                                              lineno, line))
+        self._file.write(self.prefix + text)
         self._file.flush()
         self.count += 1
         if library not in self.libraries:
@@ -100,3 +126,25 @@ class QuietLibraries:
         if transformers is not None and transformers.utils.logging.is_progress_bar_enabled():
             transformers.utils.logging.disable_progress_bar()
             self._undo.append(transformers.utils.logging.enable_progress_bar)
+
+
+class _LoggedDeprecations(logging.Filter):
+    """Holds back a library logger's deprecation notice, writing it to warnings.log."""
+
+    def __init__(self, quiet: QuietLibraries):
+        super().__init__()
+        self.quiet = quiet
+        self.kept: Any = None  # the last record kept: several handlers may see it
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record is self.kept:
+            return False
+        library = record.name.split(".", 1)[0]
+        if library not in LIBRARIES or record.levelno > logging.WARNING:
+            return True
+        message = record.getMessage()
+        if "deprecat" not in message.lower():
+            return True
+        self.kept = record
+        self.quiet.keep(library, f"{record.levelname} {record.name}: {message}\n")
+        return False

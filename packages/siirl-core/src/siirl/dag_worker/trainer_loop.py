@@ -175,6 +175,7 @@ class Trainer:
     def _fit(self, quiet: QuietLibraries) -> list:
         set_up = time.perf_counter()
         self.worker.setup()
+        quiet.watch_loggers()  # the handlers of libraries the engines loaded
         loader = self.worker.train_loader
         budget = StepBudget.of(self.config, len(loader) if loader is not None else None)
         steps = budget.steps

@@ -9,6 +9,7 @@ import torch
 
 from siirl.engine.models.logprob import accepts_kwarg
 from siirl.engine.rollout.keyed_random import uniforms
+from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
 
 __all__ = ["reference_decode"]
@@ -26,6 +27,7 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
     if max_new_tokens <= 0 or rows == 0:
         return input_ids.new_zeros((rows, 0))
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
+    cache_name = cache_argument(module)
     eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
     out = module(input_ids=input_ids, attention_mask=attention_mask,
                  position_ids=position_ids, use_cache=True, **keep_last, **(extras or {}))
@@ -44,7 +46,7 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
             break
         attention_mask = torch.cat([attention_mask, ones], dim=1)
         out = module(input_ids=tok[:, None], attention_mask=attention_mask,
-                     position_ids=next_pos, past_key_values=out.past_key_values,
-                     use_cache=True, **keep_last)
+                     position_ids=next_pos, use_cache=True, **keep_last,
+                     **{cache_name: output_cache(out)})
         next_pos = next_pos + 1
     return torch.stack(tokens, dim=1)

@@ -24,6 +24,7 @@ import torch
 
 from siirl.engine.models.logprob import accepts_kwarg
 from siirl.engine.rollout.keyed_random import uniforms
+from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
 
 __all__ = ["decode", "distinct_rows"]
@@ -65,6 +66,7 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
         return input_ids.new_zeros((rows, 0))
     floor = min(rows, _MIN_ROWS)
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
+    cache_name = cache_argument(module)
     eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
     prompt = (input_ids, attention_mask, position_ids)
     extras = dict(extras or {})
@@ -76,7 +78,7 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
         prefill_extras = {k: v.index_select(0, groups[0]) for k, v in extras.items()}
     out = module(input_ids=prompt[0], attention_mask=prompt[1], position_ids=prompt[2],
                  use_cache=True, **keep_last, **prefill_extras)
-    cache = out.past_key_values
+    cache = output_cache(out)
     if not hasattr(cache, "reorder_cache"):  # not a transformers Cache: the plain loop
         from siirl.engine.rollout.reference import reference_decode
         return reference_decode(module, input_ids, attention_mask, position_ids,
@@ -117,8 +119,8 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
             if keys is not None:
                 keys = keys.index_select(0, kept.to(keys.device))
         out = module(input_ids=tok[:, None], attention_mask=mask[:, :width + step + 1],
-                     position_ids=next_pos, past_key_values=cache, use_cache=True,
-                     **keep_last)
+                     position_ids=next_pos, use_cache=True, **keep_last,
+                     **{cache_name: cache})
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     return tokens[:, :step + 1]
