@@ -38,7 +38,7 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.environments": {"sokoban": "siirl-envs", "tool_math": "siirl-envs",
                            "frozen_lake": "siirl-envs[gym]", "gem": "siirl-envs[gem]",
                            "textarena": "siirl-envs[textarena]"},
-    "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo")},
+    "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "remax")},
                         "agentic": "siirl-envs", "agentic_ppo": "siirl-envs",
                         "embodied": "siirl-envs"},
 }

@@ -20,6 +20,7 @@ from siirl.data_coordinator.fields import (
     ADVANTAGES,
     RESPONSE_MASK,
     RETURNS,
+    REWARD_BASELINES,
     TOKEN_LEVEL_REWARDS,
     UID,
     VALUES,
@@ -91,7 +92,7 @@ def compute_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput:
     estimator = core_algos.get_adv_estimator_fn(name)
     # the estimators' argument names are the field names (verl's), except index <- uid
     sources = {key: batch.get(key, None) for key in
-               (TOKEN_LEVEL_REWARDS, RESPONSE_MASK, VALUES)}
+               (TOKEN_LEVEL_REWARDS, RESPONSE_MASK, VALUES, REWARD_BASELINES)}
     if UID in batch.keys():
         from siirl.data_coordinator.protocol import get_non_tensor
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
-from siirl.dag_worker import algorithm_nodes
+from siirl.dag_worker import algorithm_nodes, remax_baseline
 from siirl.dag_worker.agent_groups import AgentGroups, sees_all_agents
 from siirl.dag_worker.dag_utils import merge_parent_batches
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
@@ -332,11 +332,15 @@ class DAGWorker:
                                 self.taskgraph):  # the environment scored the episodes
                 return NodeOutput(batch=env_rewards(batch),
                                   metrics={"reward/env_score/mean": batch[ENV_SCORES].mean()})
-        if self.engines.reward_model_enabled():  # the model scores first; the manager adds
-            scored = self.engines.reward_model.compute_rm_score(batch)
-            out = self.engines.reward.compute_reward(scored.batch)
-            return NodeOutput(batch=out.batch, metrics={**scored.metrics, **out.metrics})
-        return self.engines.reward.compute_reward(batch)
+        return remax_baseline.score_rows(self.engines, batch)
+
+    def generate_greedy_baseline(self, batch, config=None, **kwargs) -> NodeOutput:
+        """ReMax: one greedy reply per prompt (see remax_baseline)."""
+        return remax_baseline.greedy_baseline_rollout(self, batch)
+
+    def compute_reward_baseline(self, batch, config=None, **kwargs) -> NodeOutput:
+        """ReMax: the greedy replies' scores as ``reward_baselines`` (see remax_baseline)."""
+        return remax_baseline.score_greedy_baseline(self, batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
         if OLD_LOG_PROBS in batch.keys():  # computed early for KL in the reward

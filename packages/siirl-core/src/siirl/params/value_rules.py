@@ -170,7 +170,7 @@ RULES: Tuple[ValueRule, ...] = (
 REGISTRIES = (
     (("algorithm.adv_estimator",), "advantage estimator", (
         "cpgd", "drgrpo", "gae", "gae_marft", "gpg", "grpo", "grpo_passk", "gspo", "opo",
-        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo")),
+        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")),
     ((f"{A}.loss_agg_mode", f"{C}.loss_agg_mode"), "loss aggregation mode", (
         "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),
     ((f"{A}.policy_loss.loss_mode",), "policy loss", (

@@ -43,6 +43,8 @@ TOKEN_LEVEL_REWARDS = "token_level_rewards"  # float32 [B, R]: scores, minus the
 SCORE = "score"  # non-tensor float: the scorer's own score (before overlong shaping)
 OVERLONG_REWARD = "overlong_reward"  # non-tensor float <= 0: DAPO's overlong penalty
 ACC = "acc"  # non-tensor bool: answer correct; an extra key of the built-in scorers
+REWARD_BASELINES = "reward_baselines"  # float32 [B]: the score of a greedy response to the
+#                                        row's prompt (ReMax; siirl.dag_worker.remax_baseline)
 
 # --- actor / reference (MODEL_INFERENCE / ACTOR, REFERENCE) ---------------------------
 OLD_LOG_PROBS = "old_log_probs"  # float32 [B, R]: log-probs of the rollout policy

@@ -23,6 +23,10 @@ advantage over its response tokens. With g the group (same uid) of row i, n = |g
 - ``grpo_passk``: only the best response of a group gets r_max - r_second (divided by
   std_g + eps when normalising); groups need at least 2 responses.
 - ``gpg``: (B / #(s != 0)) * (s_i - mean_g) / f_norm.
+- ``remax`` (ReMax, arXiv 2310.10505): the reward-to-go of each token minus the score of a
+  greedy response to the same prompt (``reward_baselines``, one per row, which the
+  ``remax`` pipeline's baseline nodes write); with an outcome score that is s_i - b_i on
+  every response token. Returns are the rewards-to-go. No group statistics.
 
 Groups of one (as in verl): mean 0 and std 1, so GRPO gives s/(1 + eps), Dr. GRPO, RLOO,
 REINFORCE++-baseline, CPGD-naive give s itself, CPGD-STD s/(1 + eps).
@@ -237,6 +241,19 @@ def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor,
             mean, _ = group_mean_std(scores, rows)
             advantages[rows] = alpha * (scores[rows] - mean) / f_norm
         return _broadcast(advantages, response_mask)
+
+
+@register_adv_est("remax")
+def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor,
+                                    reward_baselines: torch.Tensor,
+                                    response_mask: torch.Tensor):
+    """ReMax: returns = rewards-to-go over the response; advantages = returns minus the
+    row's greedy-baseline score on every response token (verl's semantics)."""
+    with torch.no_grad():
+        masked = token_level_rewards * response_mask
+        returns = masked.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        baselines = reward_baselines.to(returns.dtype).reshape(-1, 1)
+        return returns - baselines * response_mask, returns
 
 
 # ---- token-level estimators ------------------------------------------------------------

@@ -5,6 +5,8 @@ Flows (spec, "Built-in Pipelines Comparison"):
   PPO       rollout -> reward -> value -> advantage -> old_log -> ref_log
             -> train_actor -> train_critic
   DAPO      rollout -> reward -> dynamic_sampling -> advantage -> old_log -> ref_log -> train
+  ReMax     greedy_rollout -> greedy_reward -> rollout -> reward -> advantage -> old_log
+            -> ref_log -> train (the greedy reply's score is each prompt's baseline)
   Embodied  rollout -> embodied_sampling -> reward -> advantage -> old_log -> ref_log -> train
             (registered by siirl-envs, whose rollout node plays the environments)
 """
@@ -41,6 +43,10 @@ _REF_LOG = ("reference_log_prob", f"{WORKER}.compute_ref_log_prob", _INFER,
 _TRAIN_ACTOR = ("actor_train", f"{WORKER}.train_actor", _TRAIN, NodeRole.ACTOR)
 _VALUE = ("critic_value", f"{WORKER}.compute_value", _INFER, NodeRole.CRITIC)
 _TRAIN_CRITIC = ("critic_train", f"{WORKER}.train_critic", _TRAIN, NodeRole.CRITIC)
+_GREEDY_ROLLOUT = ("rollout_greedy_baseline", f"{WORKER}.generate_greedy_baseline", _INFER,
+                   NodeRole.ROLLOUT)
+_GREEDY_REWARD = ("reward_greedy_baseline", f"{WORKER}.compute_reward_baseline", _COMPUTE,
+                  NodeRole.REWARD)
 _DAPO_FILTER = ("dynamic_sampling", DAPO_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
 _EMBODIED_FILTER = ("embodied_sampling", EMBODIED_FILTER, _COMPUTE, NodeRole.DYNAMIC_SAMPLING)
 # the worker's own nodes, for workflows that reuse them: name -> (node_id, func, type, role)
@@ -65,3 +71,10 @@ def dapo_pipeline() -> TaskGraph:
                            "DAPO: GRPO with zero-variance groups filtered out"),
                   [_ROLLOUT, _REWARD, _DAPO_FILTER, _ADVANTAGE, _OLD_LOG, _REF_LOG,
                    _TRAIN_ACTOR])
+
+
+def remax_pipeline() -> TaskGraph:
+    return chain(Pipeline("remax_training_pipeline",
+                           "ReMax: sampled score minus the prompt's greedy-reply score"),
+                  [_GREEDY_ROLLOUT, _GREEDY_REWARD, _ROLLOUT, _REWARD, _ADVANTAGE, _OLD_LOG,
+                   _REF_LOG, _TRAIN_ACTOR])

@@ -5,7 +5,8 @@ then ``dag.workflow_path`` (a YAML workflow), then ``dag.pipeline`` (a name regi
 the ``siirl.pipelines`` entry-point group), then ``algorithm.workflow_type`` with
 ``algorithm.adv_estimator`` (DAPO, or DEFAULT with ``algorithm.filter_groups.enable`` and
 group advantages, as verl -> dapo; EMBODIED -> embodied, AGENTIC -> agentic or with
-gae agentic_ppo, which siirl-envs registers; otherwise gae -> ppo and anything else -> grpo).
+gae agentic_ppo, which siirl-envs registers; otherwise gae -> ppo, remax -> remax (its
+greedy baseline rollout first) and anything else -> grpo).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def builtin_pipeline_name(config: Any) -> str:
         raise ConfigError(f"algorithm.workflow_type={raw_type!r} is not one of {names}") \
             from None
     estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    if estimator == AdvantageEstimator.REMAX.value:
+        return _remax_pipeline_name(workflow, dynamic_sampling_on(config))
     if workflow is WorkflowType.DAPO or dynamic_sampling_on(config):
         return "dapo"
     if workflow is WorkflowType.EMBODIED:
@@ -49,6 +52,21 @@ def builtin_pipeline_name(config: Any) -> str:
     if workflow is WorkflowType.AGENTIC:
         return "agentic_ppo" if estimator == AdvantageEstimator.GAE.value else "agentic"
     return "ppo" if estimator == AdvantageEstimator.GAE.value else "grpo"
+
+
+def _remax_pipeline_name(workflow: WorkflowType, dynamic_sampling: bool) -> str:
+    """ReMax needs a greedy baseline rollout before the sampled one: its own workflow, which
+    has no dynamic sampling and no environment episodes."""
+    if workflow is WorkflowType.DEFAULT and not dynamic_sampling:
+        return "remax"
+    what = "algorithm.filter_groups.enable=true" if dynamic_sampling else \
+        f"algorithm.workflow_type={workflow.value}"
+    raise ConfigError(
+        f"algorithm.adv_estimator=remax runs the remax workflow (a greedy baseline rollout per "
+        f"prompt, then the sampled rollout); it is not built with {what}: use "
+        "workflow_type=DEFAULT without filter_groups, or a group estimator (grpo, rloo) "
+        "there, or write the baseline nodes into a custom workflow (dag.custom_pipeline_fn "
+        "with DAGWorker.generate_greedy_baseline and DAGWorker.compute_reward_baseline).")
 
 
 def _as_task_graph(result: Any, origin: str) -> TaskGraph:

@@ -10,6 +10,7 @@ class AdvantageEstimator(str, Enum):
     GAE = "gae"
     CPGD = "cpgd"
     GSPO = "gspo"
+    REMAX = "remax"  # the remax workflow: a greedy baseline rollout per prompt first
 
 
 class WorkflowType(str, Enum):

@@ -81,14 +81,17 @@ class RolloutBase:
         self._overrides: dict = {}
 
     @contextmanager
-    def overridden(self, n: int | None = None, response_length: int | None = None
-                   ) -> Iterator[None]:
-        """``generate`` with ``n`` samples per prompt and ``response_length`` new tokens at
-        most, instead of the config's, inside the block (a multi-turn env manager asks for
-        one reply per episode and turn)."""
+    def overridden(self, n: int | None = None, response_length: int | None = None,
+                   greedy: bool | None = None) -> Iterator[None]:
+        """``generate`` with ``n`` samples per prompt, ``response_length`` new tokens at
+        most and, with ``greedy``, greedy decoding, instead of the config's, inside the
+        block (a multi-turn env manager asks for one reply per episode and turn; ReMax's
+        baseline for one greedy reply per prompt)."""
         previous = self._overrides
-        self._overrides = {k: v for k, v in (("n", n), ("response_length", response_length))
-                           if v is not None}
+        # nested blocks add to the outer one (a multi-turn turn inside a greedy baseline)
+        self._overrides = {**previous, **{k: v for k, v in (
+            ("n", n), ("response_length", response_length), ("greedy", greedy))
+            if v is not None}}
         try:
             yield
         finally:
@@ -103,7 +106,8 @@ class RolloutBase:
         top_k = as_int(base.top_k) or -1
         return {
             "n": self._overrides.get("n") or as_int(base.n) or 1,
-            "greedy": (not do_sample) or temperature <= 0.0,
+            "greedy": self._overrides.get("greedy", False) or (not do_sample) or
+            temperature <= 0.0,
             "temperature": temperature if temperature > 0 else 1.0,
             "top_k": top_k if top_k > 0 else -1,  # -1 and 0 both mean "off"
             "top_p": float(base.top_p),
