@@ -56,6 +56,12 @@ def _stats(rows, scores):
     return statistics.fmean(values), statistics.stdev(values)
 
 
+def _rows_in_batch():
+    """B of the batch-wide estimators: rows with at least one response token (row 4, empty,
+    trains nothing and is not counted)."""
+    return sum(1 for row in MASK if any(row))
+
+
 def _broadcast(per_row):
     return _t([[per_row[i] * m for m in MASK[i]] for i in range(len(MASK))])
 
@@ -125,8 +131,8 @@ def _cpgd_reference(weight):
             centred = scores[i] - mean
             if weight == "STD_weight":
                 adv[i] = centred / (std + 1e-6)
-            elif weight == "clip_filter_like_weight":
-                adv[i] = centred * min(len(scores) / spread, 3.0)
+            elif weight == "clip_filter_like_weight":  # B: rows with a response token
+                adv[i] = centred * min(_rows_in_batch() / spread, 3.0)
             else:
                 adv[i] = centred
     return _broadcast(adv)
@@ -212,7 +218,8 @@ def test_grpo_passk_rewards_only_the_best(norm):
 
 def test_gpg_scales_by_share_of_nonzero_scores():
     scores, adv = _scores(), {}
-    alpha = len(scores) / sum(1 for s in scores if s != 0)
+    nonzero = sum(1 for s, row in zip(scores, MASK, strict=True) if s != 0 and any(row))
+    alpha = _rows_in_batch() / nonzero
     for rows in _groups().values():
         mean, _ = _stats(rows, scores)
         for i in rows:

@@ -381,8 +381,8 @@ class DAGWorker:
         if self.agents.multi:
             from siirl.dag_worker.multi_agent_advantage import compute_agents_advantage
 
-            return compute_agents_advantage(self, batch, config)
-        return algorithm_nodes.compute_advantage(self, batch, config)
+            return compute_agents_advantage(self, batch, config, kwargs.get("node"))
+        return algorithm_nodes.compute_advantage(self, batch, config, kwargs.get("node"))
 
     compute_advantage.__siirl_all_agents__ = True
 

@@ -61,7 +61,10 @@ def _rewards_per_agent(batch: Any, groups: list, zeros_if_missing: bool) -> Dict
     return rewards
 
 
-def compute_agents_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput:
+def compute_agents_advantage(worker: Any, batch: Any, config: Any,
+                             node: Any = None) -> NodeOutput:
+    """Every agent group's advantages, with batch statistics (whitening) over every
+    worker's rows of that agent (``algorithm_nodes.batch_reduction``)."""
     from siirl.dag_worker import core_algos
 
     agents = worker.agents
@@ -72,6 +75,7 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput
     name = str(select(config, "algorithm.adv_estimator", "grpo"))
     metrics: Dict[str, Any] = {}
     batch = batch.clone(recurse=False)
+    reduction = algorithm_nodes.batch_reduction(worker, node)
     if name == "gae_marft":
         missing = [g for g in groups if _field(batch, g, VALUES) is None]
         if missing:
@@ -84,21 +88,21 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any) -> NodeOutput
             [rewards[g] for g in groups], [_field(batch, g, VALUES) for g in groups],
             [_field(batch, g, RESPONSE_MASK) for g in groups],
             float(select(config, "algorithm.gamma", 1.0)),
-            float(select(config, "algorithm.lam", 1.0)))
+            float(select(config, "algorithm.lam", 1.0)), reduction)
         for g, adv, ret in zip(groups, advantages, returns, strict=True):
             batch.set(prefix(g) + ADVANTAGES, adv)
             batch.set(prefix(g) + RETURNS, ret)
             batch.set(prefix(g) + TOKEN_LEVEL_REWARDS, rewards[g])
-            mask = _field(batch, g, RESPONSE_MASK).bool()
-            if mask.any():
-                metrics[f"agent_group_{g}/critic/advantages/mean"] = adv[mask].mean()
-                metrics[f"agent_group_{g}/critic/returns/mean"] = ret[mask].mean()
+            metrics.update(algorithm_nodes.advantage_metrics(
+                adv, ret, _field(batch, g, RESPONSE_MASK), reduction,
+                prefix=f"agent_group_{g}/"))
         return NodeOutput(batch=batch, metrics=metrics)
     rewards = _rewards_per_agent(batch, groups, zeros_if_missing=False)
     for g in groups:
         batch.set(prefix(g) + TOKEN_LEVEL_REWARDS, rewards[g])
         view = agents.view(batch, g)
-        out = algorithm_nodes.compute_advantage(worker, view, agents.configs[g])
+        out = algorithm_nodes.compute_advantage(worker, view, agents.configs[g],
+                                                reduction=reduction)
         batch.set(prefix(g) + ADVANTAGES, out.batch[ADVANTAGES])
         batch.set(prefix(g) + RETURNS, out.batch[RETURNS])
         metrics.update(agents.metric_names(g, out.metrics))

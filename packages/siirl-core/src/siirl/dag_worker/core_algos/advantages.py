@@ -6,6 +6,14 @@ or raises ConfigError listing the registered names. An estimator takes tensors s
 and returns ``(advantages, returns)``, both ``[B, R]``. The DAG worker calls it with the
 arguments its signature names (see ``dag_utils.call_with_available``).
 
+Statistics over the whole batch (whitening, GPG's alpha, CPGD's B / m) take the estimator's
+``reduction`` (``batch_reduction``): the default adds up the rows given; the advantage node
+passes one over every worker's rows, so N workers compute what one would. Group statistics
+need no reduction: a prompt's samples are always on one worker (the rollout repeats a
+prompt where it is, the DataBuffer moves whole groups, and the advantage node checks).
+B counts the rows with at least one response token: a row that trains nothing (padding
+that evens out workers' row counts, a group filtered out of the loss) is not in the batch.
+
 Outcome estimators score each response once, s_i = sum_t r_{i,t}, and broadcast the
 advantage over its response tokens. With g the group (same uid) of row i, n = |g|:
 
@@ -15,14 +23,14 @@ advantage over its response tokens. With g the group (same uid) of row i, n = |g
   is ``actor.loss_agg_mode=seq-mean-token-sum-norm``.
 - ``cpgd`` (siiRL): s_i - mean_g, weighted by ``weight_factor_in_cpgd``:
   ``STD_weight`` 1 / (std_g + eps); ``clip_filter_like_weight`` min(B / m, 3) with m the
-  number of groups whose std is not 0; ``naive`` 1.
+  number of groups (with a response token) whose std is not 0; ``naive`` 1.
 - ``rloo``: s_i * n/(n-1) - mean_g * n/(n-1) = s_i - (mean of the other n-1 scores).
 - ``reinforce_plus_plus_baseline``: s_i - mean_g on every response token, then whitened
   over all response tokens of the batch.
 - ``opo``: s_i - sum_g(len_j s_j) / sum_g(len_j) (length-weighted baseline).
 - ``grpo_passk``: only the best response of a group gets r_max - r_second (divided by
   std_g + eps when normalising); groups need at least 2 responses.
-- ``gpg``: (B / #(s != 0)) * (s_i - mean_g) / f_norm.
+- ``gpg``: (B / #(s != 0)) * (s_i - mean_g) / f_norm, both counts over the rows in B.
 - ``remax`` (ReMax, arXiv 2310.10505): the reward-to-go of each token minus the score of a
   greedy response to the same prompt (``reward_baselines``, one per row, which the
   ``remax`` pipeline's baseline nodes write); with an outcome score that is s_i - b_i on
@@ -46,10 +54,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from siirl.dag_worker.core_algos.batch_reduction import LOCAL, BatchReduction
 from siirl.dag_worker.core_algos.common import (
     group_mean_std,
     group_rows,
     masked_whiten,
+    nonempty_rows,
 )
 from siirl.dag_worker.name_registry import NameRegistry
 from siirl.errors import ConfigError
@@ -130,7 +140,8 @@ def _cpgd_naive(centred, std, epsilon, batch_size, spread_groups):
 def compute_cpgd_outcome_advantage(token_level_rewards: torch.Tensor,
                                    response_mask: torch.Tensor, index: Any,
                                    epsilon: float = 1e-6,
-                                   weight_factor_in_cpgd: str = "STD_weight"):
+                                   weight_factor_in_cpgd: str = "STD_weight",
+                                   reduction: BatchReduction = LOCAL):
     """siiRL's CPGD advantage: group-centred outcome score times a weight factor
     (``STD_weight``, ``clip_filter_like_weight`` or ``naive``; see the module doc)."""
     weigh = _CPGD_WEIGHTS.get(weight_factor_in_cpgd)
@@ -138,12 +149,15 @@ def compute_cpgd_outcome_advantage(token_level_rewards: torch.Tensor,
         scores = token_level_rewards.sum(dim=-1)
         groups = group_rows(index, scores.shape[0])
         stats = {key: group_mean_std(scores, rows) for key, rows in groups.items()}
+        in_batch = nonempty_rows(response_mask)
         # singletons have std 1, so they count as spread groups (as in siiRL)
-        spread_groups = sum(1 for _, std in stats.values() if std.item() != 0)
+        spread = sum(1 for key, rows in groups.items()
+                     if stats[key][1].item() != 0 and in_batch[rows].any())
+        batch_size, spread_groups = (int(v) for v in reduction.sum([in_batch.sum(), spread]))
         advantages = torch.empty_like(scores)
         for key, rows in groups.items():
             mean, std = stats[key]
-            advantages[rows] = weigh(scores[rows] - mean, std, epsilon, scores.shape[0],
+            advantages[rows] = weigh(scores[rows] - mean, std, epsilon, batch_size,
                                      spread_groups)
         return _broadcast(advantages, response_mask)
 
@@ -170,7 +184,8 @@ def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor,
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
                                                            response_mask: torch.Tensor,
                                                            index: Any,
-                                                           epsilon: float = 1e-6):
+                                                           epsilon: float = 1e-6,
+                                                           reduction: BatchReduction = LOCAL):
     """REINFORCE++ with baseline (arXiv 2501.03262): group-centred score on every response
     token, whitened over all response tokens of the batch (so longer responses weigh more
     in the batch statistics, as in verl)."""
@@ -181,7 +196,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: 
             mean, _ = group_mean_std(scores, rows)
             centred[rows] = scores[rows] - mean
         tiled = centred.unsqueeze(-1) * response_mask
-        advantages = masked_whiten(tiled, response_mask) * response_mask
+        advantages = masked_whiten(tiled, response_mask, reduction=reduction) * response_mask
         return advantages, advantages
 
 
@@ -230,12 +245,16 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor,
 @register_adv_est("gpg")
 def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor,
                                   response_mask: torch.Tensor, index: Any,
-                                  epsilon: float = 1e-6, f_norm: float = 1.0):
+                                  epsilon: float = 1e-6, f_norm: float = 1.0,
+                                  reduction: BatchReduction = LOCAL):
     """GPG (arXiv 2504.02546): alpha * (s - mean_g) / f_norm with alpha = B / #(s != 0),
-    the share of responses with a non-zero score (at least 1)."""
+    B over the batch's rows with a response token, #(s != 0) (at least 1) among them."""
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+        in_batch = nonempty_rows(response_mask).bool()
+        rows, nonzero = reduction.sum([in_batch.sum(),
+                                       torch.count_nonzero(scores[in_batch])])
+        alpha = float(rows) / max(float(nonzero), 1.0)
         advantages = torch.empty_like(scores)
         for rows in group_rows(index, scores.shape[0]).values():
             mean, _ = group_mean_std(scores, rows)
@@ -260,7 +279,8 @@ def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor,
 
 @register_adv_est("gae")
 def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
-                                 response_mask: torch.Tensor, gamma: float, lam: float):
+                                 response_mask: torch.Tensor, gamma: float, lam: float,
+                                 reduction: BatchReduction = LOCAL):
     """Generalised advantage estimation (verl's semantics), right to left over tokens.
 
     A masked position (padding, or an observation/tool token in the middle of a
@@ -275,7 +295,8 @@ def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torc
     with torch.no_grad():
         advantages = _raw_gae(token_level_rewards, values, response_mask, gamma, lam)
         returns = advantages + values
-        advantages = masked_whiten(advantages, response_mask) * response_mask
+        advantages = masked_whiten(advantages, response_mask, reduction=reduction) \
+            * response_mask
     return advantages, returns
 
 
@@ -295,7 +316,8 @@ def _raw_gae(token_level_rewards, values, response_mask, gamma: float, lam: floa
 
 @register_adv_est("gae_marft")
 def compute_marft_gae_advantage_return(token_level_rewards, values, response_mask,
-                                       gamma: float, lam: float):
+                                       gamma: float, lam: float,
+                                       reduction: BatchReduction = LOCAL):
     """MARFT's GAE for agents acting in turn (Reasoner, then Actor, ...) within one episode.
 
     Each argument is a list with one ``[B, R_g]`` tensor per agent, in acting order (a
@@ -307,7 +329,7 @@ def compute_marft_gae_advantage_return(token_level_rewards, values, response_mas
     """
     if isinstance(token_level_rewards, torch.Tensor):
         return compute_gae_advantage_return(token_level_rewards, values, response_mask,
-                                            gamma, lam)
+                                            gamma, lam, reduction)
     widths = [r.shape[1] for r in token_level_rewards]
     with torch.no_grad():
         joint = _raw_gae(torch.cat(list(token_level_rewards), dim=1),
@@ -317,14 +339,15 @@ def compute_marft_gae_advantage_return(token_level_rewards, values, response_mas
         for part, value, mask in zip(torch.split(joint, widths, dim=1), values, response_mask,
                                      strict=True):
             returns.append(part + value)
-            advantages.append(masked_whiten(part, mask) * mask)
+            advantages.append(masked_whiten(part, mask, reduction=reduction) * mask)
     return advantages, returns
 
 
 @register_adv_est("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
                                                   response_mask: torch.Tensor,
-                                                  gamma: Optional[float] = 1.0):
+                                                  gamma: Optional[float] = 1.0,
+                                                  reduction: BatchReduction = LOCAL):
     """REINFORCE++ (arXiv 2501.03262): discounted return G_t = r_t + gamma G_{t+1},
     whitened over the response mask.
 
@@ -340,5 +363,6 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Ten
             running = token_level_rewards[:, t] + gamma * running
             returns[:, t] = running
             running = running * response_mask[:, t]
-        advantages = masked_whiten(returns, response_mask) * response_mask
+        advantages = masked_whiten(returns, response_mask, reduction=reduction) \
+            * response_mask
     return advantages, returns

@@ -3,7 +3,8 @@
 ``masked_mean`` divides by the exact count of selected entries (an empty mask gives 0);
 verl adds 1e-8 to the count instead, a relative change of about 1e-8 / count.
 ``masked_whiten`` is verl's: (x - mean) * rsqrt(var + 1e-8) with the unbiased masked
-variance var = mean((x - mean)^2) * n / (n - 1), computed in that order.
+variance var = mean((x - mean)^2) * n / (n - 1), computed in that order, in float64, over
+the whole batch (its ``reduction`` adds up every worker's rows; see ``batch_reduction``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
+from siirl.dag_worker.core_algos.batch_reduction import LOCAL, BatchReduction
 from siirl.errors import DataError
 
 
@@ -35,11 +37,18 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = 1e-8) -> torch.Tensor:
-    """Normalise to zero mean, unit variance over the masked entries (unbiased variance)."""
-    mean = masked_mean(values, mask)
-    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
-    return whitened if shift_mean else whitened + mean
+                  eps: float = 1e-8, reduction: BatchReduction = LOCAL) -> torch.Tensor:
+    """Normalise to zero mean, unit variance over the masked entries of the whole batch
+    (unbiased variance; two passes, mean first, each a sum over all workers)."""
+    x, m = values.to(torch.float64), mask.to(torch.float64)
+    total, count = reduction.sum([(x * m).sum(), m.sum()])
+    mean = total / count.clamp_min(1)
+    (squares,) = reduction.sum([((x - mean).pow(2) * m).sum()])
+    variance = squares / count.clamp_min(1)
+    if count > 1:  # one token: Bessel's factor taken as 1 (see masked_var)
+        variance = variance * (count / (count - 1))
+    whitened = (x - mean) * torch.rsqrt(variance + eps)
+    return (whitened if shift_mean else whitened + mean).to(values.dtype)
 
 
 def nonempty_rows(mask: torch.Tensor) -> torch.Tensor:

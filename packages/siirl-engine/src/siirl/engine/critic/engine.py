@@ -7,10 +7,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import RESPONSE_MASK, VALUES
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
+from siirl.engine.common.dp_utils import dp_sum
 from siirl.engine.common.dynamic_batch import budget, check_backend
 from siirl.engine.common.ppo_update import UpdateSettings
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
@@ -46,14 +49,18 @@ class CriticEngine(TrainedEngine):
         return self.critic
 
     def compute_values(self, batch: Any) -> NodeOutput:
-        """Adds ``values`` ``[B, R]`` (zero on padding); logs their mean."""
+        """Adds ``values`` ``[B, R]`` (zero on padding); logs their token mean over every
+        data-parallel rank's rows (the whole batch's, as one worker would)."""
         values = self.critic.compute_values(batch)
         batch.set(VALUES, values)
         metrics = {}
         if RESPONSE_MASK in batch.keys():
-            mask = batch[RESPONSE_MASK].float()
-            metrics["critic/values/mean"] = float((values * mask).sum()
-                                                  / mask.sum().clamp_min(1))
+            mask = batch[RESPONSE_MASK].to(torch.float64)
+            backend = self.critic.backend
+            sums = dp_sum({"values": float((values.to(torch.float64) * mask).sum()),
+                           "tokens": float(mask.sum())},
+                          backend.dp_size, backend.dp_group, backend.device)
+            metrics["critic/values/mean"] = sums["values"] / max(sums["tokens"], 1.0)
         return NodeOutput(batch=batch, metrics=metrics)
 
     def update_critic(self, batch: Any) -> NodeOutput:

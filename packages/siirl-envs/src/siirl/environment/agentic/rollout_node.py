@@ -215,7 +215,7 @@ def _as_many_rows_as_peers(rows: Any, worker: Any) -> Any:
     """Step rows follow each worker's episodes' turns, but the workers' updates must take
     the same number of optimizer steps (collectives pair up): pad every worker to the
     largest row count with copies of its first row that train nothing (mask 0, score 0,
-    a group of their own)."""
+    a group of their own, named by worker so no two workers share one)."""
     comm = getattr(worker, "comm", None)
     if comm is None or not comm.active:
         return rows
@@ -226,7 +226,7 @@ def _as_many_rows_as_peers(rows: Any, worker: Any) -> Any:
     pads = protocol.select_rows(rows, [0] * missing).clone()
     for key in (RESPONSE_MASK, TOKEN_LEVEL_SCORES, TOKEN_LEVEL_REWARDS, COMPLETE):
         pads.set(key, torch.zeros_like(pads[key]))
-    protocol.set_non_tensor(pads, UID, [f"pad:{i}" for i in range(missing)])
+    protocol.set_non_tensor(pads, UID, [f"pad:{comm.rank}:{i}" for i in range(missing)])
     return protocol.concat([rows, pads])
 
 
@@ -234,23 +234,27 @@ NORMALIZATIONS = ("identity", "mean", "mean_std")
 GROUPINGS = ("state", "batch")
 
 
-def normalize_scores(rows: Any, grouping: str, method: str, eps: float = 1e-6) -> None:
+def normalize_scores(rows: Any, grouping: str, method: str, eps: float = 1e-6,
+                     reduction: Any = None) -> None:
     """ROLL's score normalization, in place on ``token_level_scores``/``rewards``: each row's
-    score minus its group's mean (``mean``), also divided by the group's std
-    (``mean_std``); groups are the episodes from one seed (``state``) or the whole batch."""
+    score minus its group's mean (``mean``), also divided by the group's unbiased std
+    (``mean_std``); groups are the episodes from one seed (``state``, always on one worker)
+    or the whole batch, every worker's rows (``batch``: sums through ``reduction``, a
+    ``core_algos.batch_reduction`` object; None: these rows are the whole batch)."""
+    from siirl.dag_worker.core_algos.batch_reduction import LOCAL
+
     if method == "identity":
         return
     scores = rows[TOKEN_LEVEL_SCORES]
     totals = scores.sum(dim=-1)
-    keys = protocol.get_non_tensor(rows, UID) if grouping == "state" else [""] * len(totals)
-    normalized = totals.clone()
-    for key in set(keys):
-        index = torch.tensor([i for i, k in enumerate(keys) if k == key])
-        group = totals[index]
-        centred = group - group.mean()
-        if method == "mean_std" and len(group) > 1:
-            centred = centred / (group.std() + eps)
-        normalized[index] = centred
+    if grouping == "batch":
+        normalized = _standardized(totals, method, eps, reduction or LOCAL)
+    else:
+        normalized = totals.clone()
+        keys = protocol.get_non_tensor(rows, UID)
+        for key in set(keys):
+            index = torch.tensor([i for i, k in enumerate(keys) if k == key])
+            normalized[index] = _standardized(totals[index], method, eps, LOCAL)
     # one score per row, on its last trained token (the episode's or turn's last reply token)
     mask = rows[RESPONSE_MASK]
     width = mask.shape[1]
@@ -261,8 +265,21 @@ def normalize_scores(rows: Any, grouping: str, method: str, eps: float = 1e-6) -
     rows.set(TOKEN_LEVEL_REWARDS, new.clone())
 
 
+def _standardized(values: torch.Tensor, method: str, eps: float, reduction: Any):
+    """``values`` minus the mean over ``reduction``'s rows, divided by their unbiased std
+    plus ``eps`` for ``mean_std`` (not for a single row); float64 sums."""
+    x = values.to(torch.float64)
+    total, count = reduction.sum([x.sum(), x.numel()])
+    centred = x - total / count.clamp_min(1)
+    if method == "mean_std":
+        (squares,) = reduction.sum([centred.pow(2).sum()])
+        if count > 1:
+            centred = centred / ((squares / (count - 1)).sqrt() + eps)
+    return centred.to(values.dtype)
+
+
 def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
-                    validate: bool = False, **_: Any) -> NodeOutput:
+                    validate: bool = False, node: Any = None, **_: Any) -> NodeOutput:
     """Node function: episodes for the prompt rows of ``batch`` -> rollout rows."""
     rollout, actor = worker.engines.rollout, worker.engines.actor
     tokenizer = actor.tokenizer
@@ -332,7 +349,10 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                           f"(one of {NORMALIZATIONS}), grouping={norm.grouping!r} (one of "
                           f"{GROUPINGS})")
     if not validate:  # validation reports the environments' own scores
-        normalize_scores(out, str(norm.grouping), str(norm.method))
+        from siirl.dag_worker.algorithm_nodes import batch_reduction
+
+        normalize_scores(out, str(norm.grouping), str(norm.method),
+                         reduction=batch_reduction(worker, node))
     if mode == "step" and not validate:
         out = _as_many_rows_as_peers(out, worker)
     prefix = "val-env" if validate else "env"
