@@ -80,6 +80,15 @@ def transformer_terms(config: Any, positions: int, backward: bool = False) -> in
     return 2 * forward + positions if backward else forward
 
 
+def assert_metrics_close(got: Mapping[str, float], want: Mapping[str, float], keys: Any,
+                         terms: Callable[[str], int], what: str = "") -> None:
+    """Scalar metrics of two runs (losses, norms, fractions), each within the float32
+    rounding of the ``terms(key)`` roundings behind it."""
+    for key in keys:
+        tol = rounding(torch.float32, terms(key), max(abs(want[key]), 1.0))
+        assert_close(got[key], want[key], tol, f"{what}{key}")
+
+
 def scale_of(tensor: torch.Tensor) -> float:
     """The largest |value|: the size of the terms a value of ``tensor`` sums (the terms of a
     normalised network's reductions are of the size of its outputs)."""
@@ -150,5 +159,7 @@ def assert_adam_step_close(got_weights: Mapping[str, torch.Tensor],
 def optimizer_settings(optimizer: torch.optim.Optimizer) -> Dict[str, float]:
     """lr and eps of an optimizer's (single) parameter group, as the step used them."""
     group = optimizer.param_groups[0]
+    steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}
+    assert steps == {1}, f"the Adam bound holds for the first step; the optimizer took {steps}"
     assert float(group.get("weight_decay", 0.0)) == 0.0, "the Adam bound assumes no decay"
     return {"lr": float(group["lr"]), "eps": float(group["eps"])}

@@ -97,6 +97,35 @@ class TinyCausalLM(torch.nn.Module):
         return CausalLMOutput(logits=self.head(hidden))
 
 
+def tiny_model_terms(rows: int, key: str = "") -> int:
+    """Roundings behind a value of ``tiny_model`` (the HF Llama) on ``rows`` rows, as
+    tiny_torch_terms counts them (siirl_numerics.transformer_terms per path)."""
+    from siirl_numerics import transformer_terms
+
+    config, positions = tiny_llama_config(), PROMPT + RESPONSE
+    if key == "grads":
+        return 2 * transformer_terms(config, positions) + rows * positions
+    if key.endswith("grad_norm"):
+        return tiny_model_terms(rows, "grads") + sum(p.numel()
+                                                     for p in tiny_model().parameters())
+    return transformer_terms(config, positions) + rows * positions
+
+
+def tiny_torch_terms(rows: int, key: str = "") -> int:
+    """Roundings behind a value of TinyCausalLM on ``rows`` rows (siirl_numerics.rounding):
+    the context's running sum (the row's positions), per block the LayerNorm (dim) and the
+    MLP (dim, 2 dim), the head (dim) and the log-softmax (vocab); a gradient comes back the
+    same way and sums over every token; the gradient norm sums over every parameter."""
+    dim, layers, positions = 32, 2, PROMPT + RESPONSE
+    forward = positions + layers * (dim + dim + 2 * dim) + dim + VOCAB
+    backward = 2 * forward + rows * positions
+    if key == "grads":
+        return backward
+    if key.endswith("grad_norm"):
+        return backward + sum(p.numel() for p in TinyCausalLM().parameters())
+    return forward + rows * positions  # log-probs, and means over the tokens
+
+
 def tiny_torch_model(seed: int = 0) -> TinyCausalLM:
     torch.manual_seed(seed)
     return TinyCausalLM()

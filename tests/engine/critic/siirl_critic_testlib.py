@@ -49,6 +49,21 @@ class TinyBackbone(torch.nn.Module):
         return hidden
 
 
+def tiny_value_terms(rows: int, key: str = "") -> int:
+    """Roundings behind a value of the tiny critic on ``rows`` rows (siirl_numerics.rounding):
+    the context's running sum (the row's positions), per block the LayerNorm (dim) and the
+    MLP (dim, 2 dim), the value head (dim); a gradient comes back the same way and sums over
+    every token; the gradient norm sums over every parameter."""
+    layers, positions = 2, PROMPT + RESPONSE
+    forward = positions + layers * 4 * DIM + DIM
+    backward = 2 * forward + rows * positions
+    if key == "grads":
+        return backward
+    if key.endswith("grad_norm"):
+        return backward + sum(p.numel() for p in tiny_value_model().parameters())
+    return forward + rows * positions  # values, and means over the tokens
+
+
 def tiny_value_model(seed: int = 0) -> ValueModel:
     torch.manual_seed(seed)
     return ValueModel(TinyBackbone(), DIM, no_split_modules=["TinyBlock"], seed=seed)
