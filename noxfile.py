@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
-``nox -s reliability``, ``nox -s mutmut``, ``nox -s embodied_sim``."""
+``nox -s reliability``, ``nox -s parity``, ``nox -s mutmut``, ``nox -s embodied_sim``."""
 
 import nox
 
@@ -47,6 +47,19 @@ def reliability(session: nox.Session) -> None:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", "tests/reliability", *session.posargs,
                 env={"SIIRL_RELIABILITY": "all"})
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """Every registered advantage estimator on 1 and 2 CPU workers, 2 steps each, compared
+    (tests/e2e/test_estimator_parity.py; the default ``pytest`` runs the estimators with
+    batch-wide statistics and GRPO)."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package)
+    session.run("python", "-m", "pytest", "-q", "tests/e2e/test_estimator_parity.py",
+                *session.posargs, env={"SIIRL_PARITY": "all"})
 
 
 @nox.session

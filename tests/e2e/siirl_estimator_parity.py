@@ -1,0 +1,121 @@
+"""Train several estimators on 1 or 2 CPU workers, one after another in the same processes,
+and write each run's metric history (``<out>/<name>.json``).
+
+``python siirl_estimator_parity.py WORLD OUT NAME [NAME ...]``: WORLD 1 trains in this
+process, as ``siirl-train`` does with one worker; WORLD 2 spawns two processes that join
+gloo and run what a Ray worker runs (``WorkerProcess``), without starting Ray, so the
+processes and their imports are paid once for all the estimators. ``RUNS`` holds each
+estimator's settings on the built-in task and model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MARFT = ROOT / "examples/experimental/marft/config/workflow_marft.yaml"
+
+# 2 steps of a tiny global batch: 4 prompts x 4 samples; the second step trains on
+# weights the first changed, so a difference in step 1's update shows in step 2
+SMALL = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+         "data.max_response_length=8",
+         "trainer.total_training_steps=2", "trainer.logger=[]", "trainer.val_before_train=false",
+         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.device=cpu", "trainer.seed=7"]
+
+# estimator -> its settings (the loss a recipe pairs it with, where it has one)
+RUNS = {
+    "grpo": [],
+    "gspo": ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"],
+    "drgrpo": ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"],
+    # B / m is at least rollout.n (m <= B / n groups), so only n = 2 keeps it below the
+    # clamp at 3 where a per-worker m would show
+    "cpgd": ["algorithm.weight_factor_in_cpgd=clip_filter_like_weight",
+             "actor_rollout_ref.rollout.n=2"],
+    "rloo": [],
+    "reinforce_plus_plus_baseline": [],
+    "reinforce_plus_plus": [],
+    "opo": [],
+    "grpo_passk": [],
+    "gpg": ["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"],
+    "gae": [],  # PPO: a critic computes the values
+    "remax": [],  # its workflow: a greedy baseline rollout before the sampled one
+    # siiRL's MARFT workflow file (Reasoner and Actor agents, a critic each), its rollout
+    # tensor-parallel size 4 set to 1 so that 1 and 2 workers can run it
+    "gae_marft": ["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2"],
+}
+
+
+def _marft_workflow(out: str) -> str:
+    path = Path(out) / "workflow_marft_tp1.yaml"
+    text = MARFT.read_text()
+    assert "rollout.tensor_model_parallel_size: 4" in text
+    path.write_text(text.replace("rollout.tensor_model_parallel_size: 4",
+                                 "rollout.tensor_model_parallel_size: 1"))
+    return str(path)
+
+
+def overrides(name: str, world: int, out: str) -> list:
+    extra = [f"dag.workflow_path={_marft_workflow(out)}"] if name == "gae_marft" else []
+    return [*SMALL, f"algorithm.adv_estimator={name}", *RUNS[name], *extra,
+            f"trainer.n_gpus_per_node={world}", f"trainer.default_local_dir={out}/{name}.run"]
+
+
+def _train(name: str, rank: int, world: int, out: str, port: int) -> list:
+    from siirl.execution.dag.task_loader import load_pipeline
+    from siirl.execution.scheduler.task_scheduler import TaskScheduler
+    from siirl.launch.config import load_config
+
+    config = load_config(overrides(name, world, out))
+    graph = load_pipeline(config)
+    if world == 1:
+        from siirl.dag_worker.dagworker import DAGWorker
+        from siirl.dag_worker.trainer_loop import Trainer
+
+        return Trainer(DAGWorker(graph, config, rank=0, world_size=1)).fit()
+    from siirl.launch.worker_process import WorkerProcess
+
+    plan = TaskScheduler(world).schedule(graph)
+    group_ranks = [list(a.group_ranks) or list(range(world)) for a in plan]
+    return WorkerProcess(rank, world, config)._run("127.0.0.1", port, plan[rank].graph,
+                                                   group_ranks, None, {})
+
+
+def _worker(rank: int, world: int, out: str, names: list, ports: list) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # two processes share a small machine's cores
+    for name, port in zip(names, ports, strict=True):
+        history = _train(name, rank, world, out, port)
+        if rank == 0:
+            with open(os.path.join(out, f"{name}.json"), "w") as f:
+                json.dump(history, f)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(world: int, out: str, names: list) -> None:
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    os.chdir(ROOT)  # the MARFT file names its process and env files from the root
+    ports = [_free_port() for _ in names]  # a fresh rendezvous per run
+    if world == 1:
+        _worker(0, 1, out, names, ports)
+        return
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_worker, args=(world, out, names, ports), nprocs=world,
+                       start_method="spawn")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
