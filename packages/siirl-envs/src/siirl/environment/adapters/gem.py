@@ -12,7 +12,9 @@ dataset from the Hugging Face hub (and need ``datasets``): use them where that i
 ``tool: python`` gives the agent GEM's python tool (GEM's ``ToolEnvWrapper``: a reply with
 ``<python>CODE</python>`` runs the code and returns its output; the final answer ends the
 episode), executed in siiRL's sandbox (:mod:`siirl.environment.tools.sandbox`) rather
-than GEM's unsandboxed subprocess; ``max_tool_uses`` bounds the calls.
+than GEM's unsandboxed subprocess; ``max_tool_uses`` bounds the calls. Where the
+kernel refuses the sandbox's namespaces the environment refuses to start, unless
+``tool_allow_uncontained: true`` (trusted code: resource limits only).
 
 Actions: GEM parses the reply itself and reads the last ``\\boxed{...}``. The agent is
 told siiRL's convention, ``<answer>...</answer>``, and :meth:`GemEnv.parse_action` turns
@@ -58,7 +60,7 @@ def _gem() -> Any:
     return gem
 
 
-def _python_tool(timeout_s: float) -> Any:
+def _python_tool(timeout_s: float, allow_uncontained: bool) -> Any:
     """GEM's python tool (its call format and instructions), run in siiRL's sandbox."""
     from gem.tools.python_code_tool import PythonCodeTool
 
@@ -69,7 +71,8 @@ def _python_tool(timeout_s: float) -> Any:
             code, parsed_action, is_valid = self._parse_action(action)
             if not is_valid:
                 return False, True, "", parsed_action
-            result = run_python(code, timeout_s=timeout_s)
+            result = run_python(code, timeout_s=timeout_s,
+                                allow_uncontained=allow_uncontained)
             failed = result.timed_out or result.returncode != 0
             output = "Code execution result: " + result.text().lstrip(" \n") + "\n"
             return True, failed, output, parsed_action
@@ -84,7 +87,8 @@ class GemEnv(TextEnv):
         "\\boxed{7}.")
 
     def __init__(self, env_id: str, tool: Optional[str] = None, max_tool_uses: int = 5,
-                 tool_timeout_s: float = 10.0, success_reward: float = 1.0, **kwargs: Any):
+                 tool_timeout_s: float = 10.0, success_reward: float = 1.0,
+                 tool_allow_uncontained: bool = False, **kwargs: Any):
         if not env_id:
             raise ConfigError("gem: env_id is required (e.g. 'game:GuessTheNumber-v0-easy')")
         if tool is not None and tool not in TOOLS:
@@ -92,6 +96,12 @@ class GemEnv(TextEnv):
         self.env_id, self.tool, self.kwargs = str(env_id), tool, dict(kwargs)
         self.max_tool_uses, self.tool_timeout_s = int(max_tool_uses), float(tool_timeout_s)
         self.success_reward = float(success_reward)
+        self.tool_allow_uncontained = tool_allow_uncontained is True
+        if tool == "python" and not self.tool_allow_uncontained:
+            from siirl.environment.tools.sandbox import require_isolation
+
+            require_isolation("gem: tool=python", "tool_allow_uncontained: true in the "
+                              "environment's env_config", remote=False)
         if tool:
             self.instructions = type(self).instructions + (
                 " Before answering you may run Python: reply <python>CODE</python> and you "
@@ -113,7 +123,8 @@ class GemEnv(TextEnv):
         if self.tool == "python":
             from gem.tools.tool_env_wrapper import ToolEnvWrapper
 
-            env = ToolEnvWrapper(env, tools=[_python_tool(self.tool_timeout_s)],
+            env = ToolEnvWrapper(env, tools=[_python_tool(self.tool_timeout_s,
+                                                    self.tool_allow_uncontained)],
                                  max_tool_uses=self.max_tool_uses)
         return env
 

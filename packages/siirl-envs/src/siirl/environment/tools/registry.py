@@ -4,7 +4,8 @@ verl's format (checked against volcengine/verl
 
     tools:
       - class_name: python            # or calculator, or a dotted path to your own class
-        config: {timeout_s: 10, memory_limit_mb: 1024, max_output_chars: 4096}
+        config: {timeout_s: 10, memory_limit_mb: 1024, max_output_chars: 4096,
+                 max_processes: 32}   # allow_uncontained: true only for trusted code
         tool_schema:                  # an OpenAI function schema, shown to the model
           type: function
           function:
@@ -31,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from siirl.environment.tool_math import calculate
 from siirl.environment.tools.parsing import ToolCall, truncate
-from siirl.environment.tools.sandbox import run_python
+from siirl.environment.tools.sandbox import require_isolation, run_python
 from siirl.environment.tools.sandbox_fusion import run_remote
 from siirl.errors import ConfigError
 
@@ -81,7 +82,9 @@ class PythonTool(Tool):
     """Python code, run in the local sandbox (``tools.sandbox``) or, with a
     ``sandbox_fusion_url`` (tool config, else ``reward_model.sandbox_fusion.url``), on that
     service. Config: ``timeout_s`` (verl: ``default_timeout``), ``memory_limit_mb``,
-    ``max_output_chars``."""
+    ``max_output_chars``, ``max_processes``, and ``allow_uncontained`` (default false:
+    where the kernel refuses the sandbox's namespaces the tool refuses to load; true runs
+    trusted code there with resource limits only)."""
 
     default_schema = _schema("python", "Run Python code; you see what it prints.", "code",
                              "The Python code to run.")
@@ -98,7 +101,9 @@ class PythonTool(Tool):
                                 int(cfg.get("max_concurrent", 64)),
                                 str(cfg.get("default_language", "python")))
         else:
-            result = run_python(code, timeout, memory, chars)
+            result = run_python(code, timeout, memory, chars,
+                                max_processes=int(cfg.get("max_processes", 32)),
+                                allow_uncontained=cfg.get("allow_uncontained") is True)
         return result.text()
 
 
@@ -164,6 +169,17 @@ class ToolSet:
             return list(pool.map(self.call, calls))
 
 
+def _check_local_sandbox(config: Dict[str, Any], where: str) -> None:
+    """A python tool that runs code here loads only where the sandbox contains it, or
+    with ``allow_uncontained: true``: refused when the run starts, not at a call."""
+    opt_out = config.get("allow_uncontained", False)
+    if not isinstance(opt_out, bool):
+        raise ConfigError(f"{where}: config.allow_uncontained must be true or false, got "
+                          f"{opt_out!r}")
+    if not config.get("sandbox_fusion_url") and not opt_out:
+        require_isolation(where, "allow_uncontained: true in this tool's config")
+
+
 def load_tools(path: Optional[str], sandbox_fusion: Optional[Dict[str, Any]] = None,
                max_response_chars: int = 256, truncate_side: str = "middle") -> ToolSet:
     """The tools of ``path`` (none without one); ``sandbox_fusion`` (``url``,
@@ -189,6 +205,8 @@ def load_tools(path: Optional[str], sandbox_fusion: Optional[Dict[str, Any]] = N
             config.setdefault("sandbox_fusion_url", remote["url"])
             config.setdefault("max_concurrent", remote.get("max_concurrent", 64))
             config.setdefault("memory_limit_mb", remote.get("memory_limit_mb", 1024))
+        if cls is PythonTool:
+            _check_local_sandbox(config, f"{where}: tools[{k}]")
         schema = entry.get("tool_schema")
         if schema is not None and not (isinstance(schema, dict) and
                                        isinstance(schema.get("function", {}).get("name"), str)):
