@@ -19,7 +19,8 @@ SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
 IGNORED = ("timing_s/", "perf/")
 
 
-def siirl_train(preset, run_dir, *overrides):
+def siirl_train(preset, run_dir, *overrides, console=None):
+    """The run's metrics.jsonl records; its console lines appended to ``console``."""
     script = Path(sys.executable).with_name("siirl-train")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "siirl.main_dag"]
     proc = subprocess.run([*command, "--config", str(REPO / "configs" / preset),
@@ -28,6 +29,8 @@ def siirl_train(preset, run_dir, *overrides):
                           env=dict(os.environ, OMP_NUM_THREADS="1",
                                    RAY_AUTH_MODE="disabled", RAY_ADDRESS=""))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if console is not None:
+        console += [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text()
             .splitlines()]
 
@@ -39,7 +42,14 @@ def _train_steps(records):
 
 def test_embodied_grpo_trains_validates_and_resumes_exactly(tmp_path):
     straight = tmp_path / "straight"
-    records = siirl_train("embodied_grpo.yaml", straight)
+    console = []
+    records = siirl_train("embodied_grpo.yaml", straight, "trainer.logger=[console]",
+                          console=console)
+    # the console leads with the episodes' success rate and reward, validation's too
+    assert [line.split("  ")[0].split("=")[0] for line in console] == [
+        "step 0: val/success_rate", "step 1: env/success_rate", "step 2: env/success_rate",
+        "step 2: val/success_rate"], console
+    assert all("env/reward/mean=" in line for line in console[1:3])
     steps = _train_steps(records)
     assert sorted(steps) == [1, 2]
     for record in steps.values():

@@ -62,10 +62,16 @@ def test_an_agentic_run_goes_through_the_dag(tmp_path):
            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
            "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}",
            "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.save_freq=-1",
-           "trainer.logger=[]", "trainer.device=cpu"]
+           "trainer.logger=[console]", "trainer.device=cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, RAY_AUTH_MODE="disabled"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the console leads with the episodes' success rate and score, validation's too
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split("  ")[0].split("=")[0] for line in lines] == [
+        "step 0: val/success_rate", "step 1: env/success_rate", "step 2: env/success_rate",
+        "step 2: val/success_rate"], proc.stdout
+    assert all("env/score/mean=" in line for line in lines[1:3])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val/score/mean" in r]
     train = [r for r in records if "val/score/mean" not in r]

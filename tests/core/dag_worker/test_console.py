@@ -72,6 +72,73 @@ def test_validation_line_and_non_finite_values():
     assert format_line(2, {"my/metric": 1.5}, step_keys(None)) == "step 2: my/metric=1.5"
 
 
+AGENTIC_STEP = {"env/success_rate": 0.25, "env/score/mean": 1.5, "env/Sok/success_rate": 0.25,
+                "env/turns/mean": 4.0, "actor/pg_loss": -0.03, "actor/entropy": 0.35,
+                "actor/grad_norm": 0.24, "timing_s/step": 4.3}
+EMBODIED_STEP = {"env/success_rate": 0.5, "env/reward/mean": 0.5, "reward/score/mean": 0.5,
+                 "embodied_sampling/kept": 4.0, "actor/pg_loss": 0.0, "timing_s/step": 1.3}
+
+
+def test_each_workflow_leads_with_its_headline_metric():
+    assert _line(GRPO_STEP).startswith("step 1: critic/score/mean=0.5  ")
+    assert _line(AGENTIC_STEP).startswith(
+        "step 1: env/success_rate=0.25  env/score/mean=1.5  actor/pg_loss=-0.03")
+    assert _line(EMBODIED_STEP).startswith(
+        "step 1: env/success_rate=0.5  env/reward/mean=0.5  actor/pg_loss=0")
+    multi = {"multi_agent/success_rate": 0.75, "multi_agent/env_score/mean": 0.75}
+    assert _line(multi) == \
+        "step 1: multi_agent/success_rate=0.75  multi_agent/env_score/mean=0.75\n"
+
+
+def test_validation_leads_with_the_success_rate_where_episodes_report_one():
+    sokoban = {"val/score/mean": 2.232, "val/success_rate": 0.485,
+               "val/SimpleSokoban/success_rate": 0.485, "val/response_length/mean": 27.9,
+               "timing_s/validation": 10.1}
+    assert _line(sokoban, step=20) == ("step 20: val/success_rate=0.485  val/score/mean=2.232"
+                                       "  val/response_length/mean=27.9  "
+                                       "timing_s/validation=10.1\n")
+    # a validation record is recognised by its val/ keys, whichever it has
+    assert _line({"val/success_rate": 0.5}, step=3) == "step 3: val/success_rate=0.5\n"
+
+
+def test_the_user_nodes_metrics_follow_the_built_in_ones():
+    custom = {"my_filter/kept", "critic/score/mean"}
+    metrics = {**GRPO_STEP, "my_filter/kept": 0.75, "ref/skipped": 1.0}
+    line = format_line(1, metrics, step_keys(None), custom)
+    assert line.endswith("timing_s/step=0.3  my_filter/kept=0.75")
+    assert line.count("critic/score/mean") == 1 and "ref/skipped" not in line
+    many = {f"mine/m{i}": float(i) for i in range(12)}
+    assert format_line(1, many, step_keys(None), set(many)).count("mine/") == 8
+
+
+def _custom_filter(batch, config=None):
+    return NodeOutput(batch=batch, metrics={"my_filter/kept": 0.75})
+
+
+def test_a_custom_pipelines_node_metrics_reach_the_console(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from siirl.execution.dag.node import NodeRole, NodeType
+
+    config = OmegaConf.create({"trainer": {
+        "total_training_steps": 1, "default_local_dir": str(tmp_path), "logger": ["console"],
+        "save_freq": -1, "test_freq": -1}})
+    graph = (Pipeline("g")
+             .add_node("step", func=_step)
+             .add_node("my_filter", func=_custom_filter, deps=["step"],
+                       node_type=NodeType.COMPUTE, node_role=NodeRole.DEFAULT)
+             .build())
+    worker = DAGWorker(graph, config)
+    Trainer(worker).fit()
+    out = capsys.readouterr().out
+    assert out.startswith("step 1: critic/score/mean=0.5") and "my_filter/kept=0.75" in out
+    rollout = graph.nodes["step"].__class__(
+        node_id="rollout", node_type=NodeType.MODEL_INFERENCE, node_role=NodeRole.ROLLOUT,
+        executable_ref="siirl.dag_worker.dagworker:DAGWorker.generate")
+    assert not worker.executor.is_user_node(rollout)  # siiRL's own: headline keys only
+    assert worker.executor.is_user_node(graph.nodes["my_filter"])
+
+
 def test_progress_bar_only_on_a_terminal():
     piped = io.StringIO()
     progress = Progress(3, 0, stream=piped)

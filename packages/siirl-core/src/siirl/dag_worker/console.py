@@ -2,27 +2,40 @@
 bar when stderr is a terminal.
 
 Redirected output (a log file, a pipe, a Ray worker) gets no bar at all, so it holds only
-whole lines, never carriage returns. The step line shows the metrics that are on in this
-run: KL only when a KL term is configured, critic metrics when a critic runs, DAPO's totals
-over all generation batches of the step; a value that is not finite is left out.
+whole lines, never carriage returns. The step line leads with the workflow's headline
+metric (the reward's mean; the environments' success rate and score for AGENTIC, success
+rate and reward for EMBODIED, for multi-agent episodes too), then the metrics that are on
+in this run: KL only when a KL term is configured, critic metrics when a critic runs,
+DAPO's totals over all generation batches of the step; then the metrics of the user's own
+nodes (a custom pipeline's). The validation line leads with the success rate where episodes
+report one. A value that is not finite is left out.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Collection, Dict, List, Optional
 
 from siirl.execution.config_select import select
 
+# Each workflow's headline, first: the one it logs is shown (DEFAULT: the reward's mean;
+# AGENTIC: env/success_rate and env/score/mean; EMBODIED: env/success_rate and
+# env/reward/mean; multi-agent episodes: multi_agent/...).
+HEADLINE_KEYS = ("env/success_rate", "multi_agent/success_rate", "critic/score/mean",
+                 "env/score/mean", "env/reward/mean", "multi_agent/env_score/mean")
 # Shown in this order when the step logged them (a KL key only when KL is on).
-STEP_KEYS = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/reward_kl_penalty",
+STEP_KEYS = HEADLINE_KEYS + ("actor/pg_loss", "actor/kl_loss", "actor/reward_kl_penalty",
              "actor/entropy", "actor/grad_norm", "critic/vf_loss", "critic/values/mean",
              "dynamic_sampling/num_gen_batches", "dynamic_sampling/step_groups/kept",
              "response_length/mean", "perf/throughput", "timing_s/step")
 # Shown as one field, ``kept=KEPT/TOTAL``.
 OUT_OF = {"dynamic_sampling/step_groups/kept": "dynamic_sampling/step_groups/total"}
-VAL_KEYS = ("val/score/mean", "val/response_length/mean", "timing_s/validation")
+VAL_KEYS = ("val/success_rate", "val/score/mean", "val/response_length/mean",
+            "timing_s/validation")
+VAL_PREFIX = "val/"
+# The user's own nodes' metrics shown at most (all of them are in metrics.jsonl).
+CUSTOM_SHOWN = 8
 KL_LOSS_KEYS = ("actor/kl_loss",)
 KL_REWARD_KEYS = ("actor/reward_kl_penalty",)
 
@@ -49,16 +62,22 @@ def _shown(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def format_line(step: int, metrics: Dict[str, float], keys: List[str]) -> str:
-    """``step N: key=value ...``; a validation record shows its own keys."""
-    wanted = VAL_KEYS if "val/score/mean" in metrics else keys
+def format_line(step: int, metrics: Dict[str, float], keys: List[str],
+                custom: Collection[str] = ()) -> str:
+    """``step N: key=value ...``; a validation record shows its own keys. ``custom``: the
+    names the user's own nodes logged, shown after the built-in keys."""
+    validation = any(key.startswith(VAL_PREFIX) for key in metrics)
+    wanted = VAL_KEYS if validation else keys
     shown = []
     for key in wanted:
         if _shown(metrics.get(key)):
             total = metrics.get(OUT_OF.get(key, ""))
             shown.append(f"{key}={metrics[key]:.4g}" + (f"/{total:.4g}" if _shown(total)
                                                           else ""))
-    if not shown:  # a custom workflow: its first metrics by name
+    if not validation:
+        own = [k for k in sorted(custom) if k not in wanted and _shown(metrics.get(k))]
+        shown += [f"{k}={metrics[k]:.4g}" for k in own[:CUSTOM_SHOWN]]
+    if not shown:  # a workflow of unknown metrics: its first ones by name
         shown = [f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:8] if _shown(v)]
     return f"step {step}: " + "  ".join(shown)
 
@@ -77,12 +96,15 @@ def write_line(line: str, stream: Any) -> None:
 class ConsoleLogger:
     """The ``console`` logger of ``trainer.logger``: one line per record on stdout."""
 
-    def __init__(self, config: Any = None, stream: Any = None):
+    def __init__(self, config: Any = None, stream: Any = None,
+                 custom: Collection[str] = ()):
         self.stream = stream
         self.keys = step_keys(config)
+        self.custom = custom  # read at every line: the user's nodes' names, as they log
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
-        write_line(format_line(step, metrics, self.keys), self.stream or sys.stdout)
+        write_line(format_line(step, metrics, self.keys, self.custom),
+                   self.stream or sys.stdout)
 
     def close(self) -> None:
         pass

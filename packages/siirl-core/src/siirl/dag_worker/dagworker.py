@@ -224,7 +224,8 @@ class DAGWorker:
                 node_input = batch
             self.sync_rollout_weights()
             output, seconds = self._run_node(node, node_input)
-            self.metrics.add_node(node_id, output.metrics, seconds)
+            self.metrics.add_node(node_id, output.metrics, seconds,
+                                  user_node=self.executor.is_user_node(node))
             if (output.info or {}).get("regenerate"):
                 return None
             outputs[node_id] = node_input if output.batch is None else output.batch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict
+from typing import Any, Dict, Set
 
 TIMING_PREFIX = "timing_s/"
 
@@ -23,17 +23,23 @@ def to_scalar(name: str, value: Any) -> float:
 
 
 class MetricsCollector:
-    """Per-step metrics: each node's own metrics plus ``timing_s/<node_id>``."""
+    """Per-step metrics: each node's own metrics plus ``timing_s/<node_id>``; the names the
+    user's own nodes log (``user_node``: a function outside siiRL) are kept across steps in
+    ``custom_names``, for the console line."""
 
     def __init__(self):
         self._metrics: Dict[str, float] = {}
+        self.custom_names: Set[str] = set()
 
     def reset(self) -> None:
         self._metrics = {}
 
-    def add_node(self, node_id: str, metrics: Dict[str, Any], seconds: float) -> None:
+    def add_node(self, node_id: str, metrics: Dict[str, Any], seconds: float,
+                 user_node: bool = False) -> None:
         for name, value in (metrics or {}).items():
             self._metrics[name] = to_scalar(f"{node_id}:{name}", value)
+        if user_node:
+            self.custom_names.update(metrics or {})
         self._metrics[f"{TIMING_PREFIX}{node_id}"] = seconds
 
     def add(self, name: str, value: Any) -> None:

@@ -83,6 +83,14 @@ class NodeExecutor:
             self._bound[node.node_id] = self._bind(node)
         return self._bound[node.node_id]
 
+    def is_user_node(self, node: Node) -> bool:
+        """Whether the node runs the user's code (a function defined outside siiRL, e.g. a
+        custom pipeline's): its metrics are shown on the console's step line."""
+        func = self.callable_for(node)
+        func = getattr(func, "func", func)  # functools.partial
+        module = getattr(func, "__module__", None) or ""
+        return not (module == "siirl" or module.startswith("siirl."))
+
     def run(self, node: Node, batch: Any, config: Any) -> tuple:
         """Run ``node`` on ``batch``; return (NodeOutput, seconds)."""
         func = self.callable_for(node)

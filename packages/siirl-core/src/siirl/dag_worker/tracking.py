@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Collection, Dict, List, Optional
 
 from siirl.dag_worker.checkpoint_errors import StorageError
 from siirl.dag_worker.console import ConsoleLogger
@@ -133,7 +133,8 @@ class Tracking:
 
 
 def build_tracking(config: Any, console: bool = True,
-                   keep_through: Optional[int] = None) -> Tracking:
+                   keep_through: Optional[int] = None,
+                   custom_metrics: Collection[str] = ()) -> Tracking:
     names = select(config, "trainer.logger", ["console"])
     names = [names] if isinstance(names, str) else list(names)
     known = {"console", "tensorboard", "wandb"}
@@ -144,7 +145,7 @@ def build_tracking(config: Any, console: bool = True,
     directory = str(select(config, "trainer.default_local_dir", "."))
     loggers: List[Any] = [JsonlLogger(directory, keep_through)]
     if "console" in names and console:
-        loggers.append(ConsoleLogger(config))
+        loggers.append(ConsoleLogger(config, custom=custom_metrics))
     if "tensorboard" in names:
         loggers.append(TensorboardLogger(directory))
     if "wandb" in names:

@@ -192,7 +192,9 @@ class Trainer:
         comm = self.worker.comm
         # metrics.jsonl keeps the records up to the resumed step (later ones are redone)
         tracking = build_tracking(self.config, keep_through=self.worker.global_step
-                                  if resumed else -1) if comm.is_chief else Tracking([])
+                                  if resumed else -1,
+                                  custom_metrics=self.worker.metrics.custom_names) \
+            if comm.is_chief else Tracking([])
         history = []
         progress = None
         health = StepHealth(self.config, self._reward_engine, chief=comm.is_chief)
