@@ -279,3 +279,14 @@ def test_the_trainer_never_imports_the_reward_file(tmp_path):
     manager = build("naive", str(ran))
     manager.close()
     assert int((tmp_path / "ran.py.pid").read_text()) != os.getpid()
+
+
+def test_the_parallel_manager_takes_reward_model_num_workers():
+    from siirl.engine.reward_manager.parallel import ParallelRewardManager
+
+    manager = ParallelRewardManager(config={"reward_model": {"num_workers": 3}},
+                                    tokenizer=object())
+    assert manager.num_workers == 3
+    assert ParallelRewardManager(config={}, tokenizer=object(), num_workers=2).num_workers == 2
+    with pytest.raises(ConfigError, match="reward_model.num_workers=0"):
+        ParallelRewardManager(config={"reward_model": {"num_workers": 0}}, tokenizer=object())

@@ -38,8 +38,10 @@ from siirl.params.reward_args import (
     CustomRewardFunctionArguments,
     GenerativeJudgeArguments,
     OverlongBufferArguments,
+    RewardLoopRolloutArguments,
     RewardModelArguments,
     RewardModelModelArguments,
+    RewardModelProfilerArguments,
     SandboxFusionArguments,
 )
 from siirl.params.training_args import (
@@ -107,8 +109,10 @@ __all__ = [
     "PolicyLossArguments",
     "ProfilerArguments",
     "RefArguments",
+    "RewardLoopRolloutArguments",
     "RewardModelArguments",
     "RewardModelModelArguments",
+    "RewardModelProfilerArguments",
     "RewardNormalizationArguments",
     "RolloutArguments",
     "SamplerArguments",

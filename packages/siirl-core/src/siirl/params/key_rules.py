@@ -137,7 +137,8 @@ _VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
 _REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
     "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
     "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
-    "style", "rm_weight", "judge.*"))
+    "style", "rm_weight", "judge.*", "enable_resource_pool", "n_gpus_per_node", "nnodes",
+    "rollout.*"))
 _RM_CLASSIFIER_KEYS = tuple(f"reward_model.{k}" for k in (
     "micro_batch_size", "micro_batch_size_per_gpu", "use_dynamic_bsz",
     "forward_max_token_len_per_gpu", "ulysses_sequence_parallel_size", "model.fsdp_config.*",
@@ -183,7 +184,8 @@ RULES: Tuple[Rule, ...] = (
     _refused("data.sampler.*", "custom samplers are not supported",
              "custom samplers (curricula) are not supported; the training order is a seeded "
              "shuffle (data.shuffle, data.seed)."),
-    _na(("data.use_shm", "actor_rollout_ref.model.use_shm"), "no effect: files are read in place",
+    _na(("data.use_shm", "actor_rollout_ref.model.use_shm", "reward_model.model.use_shm"),
+        "no effect: files are read in place",
         "copying files to shared memory is not implemented; they are read where they are."),
     _refused("data.gen_batch_size", "read by dynamic sampling only",
              "data.gen_batch_size prompts make one generation round of DAPO's dynamic "
@@ -446,6 +448,45 @@ RULES: Tuple[Rule, ...] = (
     _na("reward_model.launch_reward_fn_async", "no effect: rewards are scored in the step",
         "rewards are scored inside the step; reward_model.reward_manager=parallel scores in "
         "a process pool."),
+    # -- verl's reward loop: how verl runs the scoring (its default; every verl reward-model
+    #    script sets use_reward_loop)
+    _na("reward_model.use_reward_loop", "no effect: one way of scoring",
+        "verl switches between its reward loop (asynchronous reward workers, the reward model "
+        "served by an inference engine) and its older reward workers; both score the same "
+        "rows with the same rules and model. Here the reward node scores each step's rows "
+        "with reward_model.reward_manager and, with reward_model.enable, the model at "
+        "reward_model.model.path, whichever value this key has."),
+    _na("reward_model.num_workers", "no effect unless reward_manager=parallel",
+        "reward_model.num_workers is the number of scoring processes of "
+        "reward_model.reward_manager=parallel (verl: of its reward-loop workers); the other "
+        "managers score the rows one after another.",
+        lambda config, key: get(config, "reward_model.reward_manager") != "parallel"),
+    _refused("reward_model.enable_resource_pool", "the reward model runs on the workers",
+             "verl's standalone mode puts the reward model on GPUs of its own "
+             "(reward_model.n_gpus_per_node x nnodes); here each worker scores its rows with "
+             "its own copy of the reward model (verl's colocated mode): leave it false."),
+    _na(("reward_model.n_gpus_per_node", "reward_model.nnodes"), "no effect: no separate pool",
+        "they size verl's separate reward-model pool (reward_model.enable_resource_pool, "
+        "refused here); the reward model runs on the training workers."),
+    _na("reward_model.rollout.*", "no effect: no reward-model server",
+        "they configure the inference server verl's reward loop serves the reward model "
+        "with; here the reward model runs inside each worker: a sequence classifier's "
+        "forward (reward_model.micro_batch_size_per_gpu, max_length) or, with "
+        "style=generative, the judge's replies through a rollout engine (judge.*)."),
+    _refused("reward_model.reward_loop_source", "reward managers are registered plugins",
+             "verl's importlib source loads a reward-loop manager class from a file (its "
+             "RewardManagerBase, run_single on a DataProto), which cannot run here; choose a "
+             "registered manager with reward_model.reward_manager (naive, batch, parallel, "
+             "dapo, or a package's siirl.reward_managers entry point) and a scoring function "
+             "with custom_reward_function.path; leave this key at register.",
+             lambda config, key: str(get(config, key)) != "register"),
+    _na(("reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name"),
+        "no effect unless reward_loop_source=importlib",
+        "verl reads them with reward_model.reward_loop_source=importlib only (refused here: "
+        "reward managers are registered plugins)."),
+    _na("reward_model.profiler.*", "no effect: one profiler for the step",
+        "verl profiles each role on its own; here profiler.enable (profiler.profile_steps, "
+        "or verl's trainer.profile_steps) traces whole steps, the reward nodes included."),
     _na("reward_model.overlong_buffer.log", "no effect: no separate overlong metrics",
         "the overlong penalty is applied but not logged as separate metrics."),
     # -- trainer

@@ -20,6 +20,8 @@ class RewardModelModelArguments:
     use_remove_padding: bool = False
     use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"
     trust_remote_code: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)  # verl's key
+    use_shm: bool = False  # verl's key
     fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
 
 
@@ -40,6 +42,46 @@ class OverlongBufferArguments:
     len: int = 0
     penalty_factor: float = 0.0
     log: bool = False
+
+
+@dataclass
+class RewardLoopRolloutArguments:
+    """verl's ``reward_model.rollout``: the inference server its reward loop serves the
+    reward model with (defaults are verl's; ``name`` is required there)."""
+
+    name: str | None = None
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    cudagraph_capture_sizes: Any = None  # a list of batch sizes, or null
+    free_cache_engine: bool = True
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    tensor_model_parallel_size: int = 2
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    max_num_seqs: int = 1024
+    load_format: str = "auto"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    limit_images: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    skip_tokenizer_init: bool = False
+    prompt_length: int = 2048
+    response_length: int = 2048
+
+
+@dataclass
+class RewardModelProfilerArguments:
+    """verl's per-role ``reward_model.profiler`` (nsys/npu/torch around the reward model)."""
+
+    tool: str | None = None
+    enable: bool = False
+    all_ranks: bool = False
+    ranks: list[Any] = field(default_factory=list)  # worker ranks to profile
+    save_path: str | None = None
+    tool_config: Any = None  # the tool's own settings (a mapping), or null
 
 
 @dataclass
@@ -116,6 +158,22 @@ class RewardModelArguments:
     sandbox_fusion: SandboxFusionArguments = field(default_factory=SandboxFusionArguments)
     overlong_buffer: OverlongBufferArguments = field(default_factory=OverlongBufferArguments)
     megatron: MegatronArguments = field(default_factory=MegatronArguments)
+    # verl's reward loop (its default since late 2025; every verl reward-model script sets
+    # use_reward_loop): how verl *runs* the scoring. Key rules say what each does here.
+    use_reward_loop: bool = True
+    num_workers: int | None = field(
+        default=None, metadata={"help": "Scoring processes of reward_manager=parallel "
+                                        "(verl: reward-loop workers; null: min(4, CPUs))."}
+    )
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
+    reward_loop_source: str = "register"
+    reward_loop_module_path: str | None = None
+    reward_loop_class_name: str | None = None
+    rollout: RewardLoopRolloutArguments = field(default_factory=RewardLoopRolloutArguments)
+    profiler: RewardModelProfilerArguments = field(
+        default_factory=RewardModelProfilerArguments)
 
 
 @dataclass

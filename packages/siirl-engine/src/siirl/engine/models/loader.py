@@ -200,6 +200,12 @@ def _apply_overrides(config: Any, overrides: dict) -> None:
             setattr(config, key, value)
 
 
+def apply_override_config(config: Any, override_config: Any) -> Any:
+    """``config`` (a transformers config) with verl's ``model.override_config`` applied."""
+    _apply_overrides(config, _plain(override_config))
+    return config
+
+
 def _plain(value: Any) -> Any:
     try:  # OmegaConf containers -> python dicts, so setattr stores plain values
         from omegaconf import OmegaConf

@@ -6,7 +6,8 @@ function raises, kills its worker or runs past ``timeout_s`` scores 0.0 and the 
 goes on; a dead or hung worker is replaced. The built-in rules run in the workers too.
 
 Settings: ``timeout_s`` (constructor) else ``custom_reward_function.reward_kwargs.timeout_s``
-else 10 s; ``num_workers`` (constructor) else ``min(4, os.cpu_count())``.
+else 10 s; ``num_workers`` (constructor) else ``reward_model.num_workers`` (verl's count of
+reward-loop workers) else ``min(4, os.cpu_count())``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any, List, Mapping, Optional
 
+from siirl.engine.common.config import typed_config
 from siirl.engine.reward_manager.base import RewardManagerBase
 from siirl.engine.reward_manager.outcome import Outcome, Row
 from siirl.engine.reward_manager.registry import register
+from siirl.errors import ConfigError
 
 
 @register("parallel")
@@ -28,7 +31,12 @@ class ParallelRewardManager(RewardManagerBase):
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  num_workers: Optional[int] = None,
                  peers: Optional[Mapping[str, Any]] = None, **kwargs: Any):
-        self.num_workers = int(num_workers or min(4, os.cpu_count() or 1))
+        if num_workers is None and config is not None:
+            num_workers = typed_config(config).reward_model.num_workers
+        self.num_workers = int(num_workers) if num_workers is not None else \
+            min(4, os.cpu_count() or 1)
+        if self.num_workers < 1:
+            raise ConfigError(f"reward_model.num_workers={self.num_workers} must be at least 1")
         super().__init__(role=role, config=config, worker=worker, peers=peers, **kwargs)
 
     def _score_rows(self, rows: List[Row], deadline: float) -> List[Outcome]:

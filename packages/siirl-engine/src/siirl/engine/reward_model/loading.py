@@ -70,7 +70,9 @@ def load_tokenizer(path: Any, trust_remote_code: bool = False, key: str = PATH_K
 def load_classifier(model_cfg: Any, device: torch.device) -> Tuple[torch.nn.Module, Any]:
     """(the frozen sequence classifier of ``reward_model.model`` in fp32 on ``device``, its
     tokenizer). ``external_lib`` is imported first (it may register the architecture)."""
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from siirl.engine.models.loader import apply_override_config
 
     if model_cfg.external_lib:
         importlib.import_module(str(model_cfg.external_lib))
@@ -78,8 +80,11 @@ def load_classifier(model_cfg: Any, device: torch.device) -> Tuple[torch.nn.Modu
     tokenizer = load_tokenizer(model_cfg.path, trust)
     where = resolve_path(model_cfg.path)
     try:
+        config = apply_override_config(AutoConfig.from_pretrained(
+            where, num_labels=1, trust_remote_code=trust, local_files_only=True),
+            model_cfg.override_config)
         module = AutoModelForSequenceClassification.from_pretrained(
-            where, num_labels=1, trust_remote_code=trust, local_files_only=True,
+            where, config=config, trust_remote_code=trust, local_files_only=True,
             dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise ConfigError(f"{PATH_KEY}: cannot load a sequence-classification reward model "
@@ -98,7 +103,8 @@ def load_causal_lm(model_cfg: Any, device: torch.device) -> Tuple[torch.nn.Modul
     from siirl.engine.models.loader import load_model_and_tokenizer
 
     settings = {"path": model_cfg.path, "trust_remote_code": bool(model_cfg.trust_remote_code),
-                "external_lib": model_cfg.external_lib, "enable_gradient_checkpointing": False}
+                "external_lib": model_cfg.external_lib, "enable_gradient_checkpointing": False,
+                "override_config": model_cfg.override_config}
     try:
         module, tokenizer = load_model_and_tokenizer(settings, device_type=device.type)
     except ConfigError as err:  # it names the policy's key: say which key was meant
