@@ -13,6 +13,8 @@ Modules:
 - ``kl``: ``kl_penalty`` estimators, ``FixedKLController`` / ``AdaptiveKLController`` /
   ``get_kl_controller``, ``apply_kl_penalty``.
 - ``common``: masked statistics and prompt grouping.
+- ``batch_reduction``: sums over every worker's rows for the statistics that span the
+  batch (``LOCAL``: this process's rows are the whole batch).
 
 Unknown names raise ConfigError listing the registered ones. Each module's docstring
 gives its formulas.
