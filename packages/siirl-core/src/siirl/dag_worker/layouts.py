@@ -67,6 +67,8 @@ def _model_parallel(role: NodeRole, config: Any) -> tuple:
 
 def _role_layout(role: NodeRole, config: Any, ranks: Sequence[int]) -> Layout:
     size, key = _model_parallel(role, config)
+    # the validation pass refuses a size that does not divide all the workers before
+    # anything loads (siirl.params.constraints); a graph run by some of them meets it here
     if size < 1 or len(ranks) % size:
         raise ConfigError(f"{key}={size} must divide the number of workers running the graph "
                           f"({len(ranks)})")

@@ -17,6 +17,7 @@ from siirl.dag_worker.checkpoint_errors import StorageError
 from siirl.dag_worker.console import ConsoleLogger
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.params.constraints import logger_problems
 
 
 def _finite(value: float):
@@ -137,11 +138,9 @@ def build_tracking(config: Any, console: bool = True,
                    custom_metrics: Collection[str] = ()) -> Tracking:
     names = select(config, "trainer.logger", ["console"])
     names = [names] if isinstance(names, str) else list(names)
-    known = {"console", "tensorboard", "wandb"}
-    unknown = [n for n in names if n not in known]
+    unknown = logger_problems(config)  # the validation pass refuses it first
     if unknown:
-        raise ConfigError(f"trainer.logger: unknown logger(s) {unknown}; available: "
-                          f"{', '.join(sorted(known))} (metrics.jsonl is always written)")
+        raise ConfigError(unknown[0])
     directory = str(select(config, "trainer.default_local_dir", "."))
     loggers: List[Any] = [JsonlLogger(directory, keep_through)]
     if "console" in names and console:

@@ -100,6 +100,98 @@ def _model_parallel_fits(config: Any) -> List[str]:
     return problems
 
 
+def _custom_workflow(config: Any) -> bool:
+    return any(_get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
+                                                 "pipeline"))
+
+
+def _fsdp_roles(config: Any) -> List[tuple]:
+    """(role key, strategy key) of each role that runs on the fsdp strategy: the actor, the
+    reference where a KL term needs it, the critic where it runs."""
+    roles = [(A, f"{A}.strategy")]
+    if _get(config, f"{A}.use_kl_loss") or _get(config, "algorithm.use_kl_in_reward"):
+        roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref.strategy"))
+    if _critic_runs(config):
+        roles.append(("critic", "critic.strategy"))
+    return [(role, strategy) for role, strategy in roles if _get(config, strategy) != "megatron"]
+
+
+def _sequence_parallel_fits(config: Any) -> List[str]:
+    """Ulysses groups of s consecutive workers split each sequence (the reference runs in
+    the actor's groups): s must divide the workers. The DAGWorker checks it again for a
+    graph that only some of the workers run (siirl.dag_worker.layouts)."""
+    workers = _workers(config)
+    problems = []
+    for role, _ in _fsdp_roles(config):
+        if role == "actor_rollout_ref.ref":
+            continue
+        key = f"{role}.ulysses_sequence_parallel_size"
+        size = _size(config, key)
+        if workers and size and workers % size:
+            problems.append(f"{key}={size} must divide {_workers_text(workers)}: each group "
+                            f"of {size} consecutive workers splits the same sequences")
+    return problems
+
+
+def offload_of_whole_module(prefix: str, offload_key: str) -> str:
+    """The refusal of CPU offload with ``fsdp_size=1`` (also the fsdp engine's own)."""
+    key = f"{prefix}.{offload_key}"
+    return (f"{key}=true offloads FSDP2 shards, but {prefix}.fsdp_size=1 keeps the whole "
+            f"module on every worker; use fsdp_size=-1 to shard it, or set {key}=false")
+
+
+def _fsdp_sharding_fits(config: Any) -> List[str]:
+    """What the fsdp engine refuses for a role's fsdp_size over its workers
+    (siirl.engine.fsdp.sharding): -1 or the worker count shards over all of them, 1
+    replicates; a size in between asks for hybrid sharding, and CPU offload needs shards.
+    A custom workflow may give a role fewer workers (independent components): its engines
+    check there."""
+    workers = _workers(config)
+    if not workers or workers == 1 or _custom_workflow(config):
+        return []
+    problems = []
+    for role, _ in _fsdp_roles(config):
+        prefix = f"{role}.model.fsdp_config" if role == "critic" else f"{role}.fsdp_config"
+        size = _get(config, f"{prefix}.fsdp_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size in (-1, 1, workers):
+            offload = [k for k in ("param_offload", "optimizer_offload", "offload_policy")
+                       if _get(config, f"{prefix}.{k}")]
+            if size == 1 and offload:
+                problems.append(offload_of_whole_module(prefix, offload[0]))
+            continue
+        problems.append(f"{prefix}.fsdp_size={size} asks for hybrid sharding (HSDP) over "
+                        f"groups of {size} of {_workers_text(workers)}, which the fsdp "
+                        "engine does not support; use -1 (shard over all the role's "
+                        "workers, the default) or 1 (every worker holds the whole model)")
+    return problems
+
+
+def megatron_size_problems(cp: Optional[int], pp: Optional[int], vpp: Optional[int]
+                           ) -> List[str]:
+    """The megatron parallel sizes the megatron engine refuses whatever the model: context
+    parallelism, and virtual stages without pipeline stages (the engine asks again,
+    siirl.engine.megatron.setup)."""
+    problems = []
+    if cp and cp != 1:
+        problems.append(f"{A}.megatron.context_parallel_size={cp}: context parallelism is not "
+                        "supported by this release (it needs Transformer Engine's "
+                        "attention); use tensor and pipeline parallelism")
+    if vpp and vpp > 1 and pp == 1:
+        problems.append(f"{A}.megatron.virtual_pipeline_model_parallel_size={vpp} needs "
+                        "pipeline_model_parallel_size > 1")
+    return problems
+
+
+def _megatron_sizes_supported(config: Any) -> List[str]:
+    if _get(config, f"{A}.strategy") != "megatron" and _get(config, "critic.strategy") != \
+            "megatron":
+        return []
+    return megatron_size_problems(
+        *(_size(config, f"{A}.megatron.{k}") for k in (
+            "context_parallel_size", "pipeline_model_parallel_size",
+            "virtual_pipeline_model_parallel_size")))
+
+
 def _data_parallel(config: Any, prefix: str) -> Optional[int]:
     workers = _workers(config)
     if not workers or _get(config, f"{prefix}.strategy") != "megatron":
@@ -170,6 +262,19 @@ def _ordered(low_key: str, high_key: str, what: str) -> Callable[[Any], List[str
     return check
 
 
+LOGGERS = ("console", "tensorboard", "wandb")  # metrics.jsonl is always written
+
+
+def logger_problems(config: Any) -> List[str]:
+    names = _get(config, "trainer.logger") or []
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown:
+        return [f"trainer.logger: unknown logger(s) {unknown}; available: "
+                f"{', '.join(sorted(LOGGERS))} (metrics.jsonl is always written)"]
+    return []
+
+
 def _resume_path_given(config: Any) -> List[str]:
     if _get(config, "trainer.resume_mode") == "resume_path" and \
             not _get(config, "trainer.resume_from_path"):
@@ -205,6 +310,9 @@ def _scheduler_settings(config: Any) -> List[str]:
 CHECKS: List[Callable[[Any], List[str]]] = [
     _batch_splits_over_workers,
     _model_parallel_fits,
+    _megatron_sizes_supported,
+    _sequence_parallel_fits,
+    _fsdp_sharding_fits,
     _update_batches,
     _context_fits,
     _overlong_buffer_fits,
@@ -215,6 +323,7 @@ CHECKS: List[Callable[[Any], List[str]]] = [
              "the success rates a task group may have to be kept"),
     _resume_path_given,
     _scheduler_settings,
+    logger_problems,
 ]
 
 

@@ -85,8 +85,10 @@ def differs_from_actor(config: Any, key: str) -> bool:
 
 def cpu_run(config: Any, key: str) -> bool:
     """``trainer.device=cpu``. Only the setting counts, so the key table reads the same on
-    every machine; with ``auto`` on a machine without a GPU the engine refuses instead
-    (``siirl.engine.fsdp.offload``), with the same exit status and key."""
+    every machine; the validation pass judges the rules on ``siirl.params.machine``'s view,
+    where ``auto`` reads ``cpu`` when the workers run on this machine and it shows no GPU.
+    Elsewhere (workers on a cluster) the engine refuses with the same text
+    (``siirl.engine.fsdp.offload``)."""
     return str(get(config, "trainer.device", "auto")).lower() == "cpu"
 
 

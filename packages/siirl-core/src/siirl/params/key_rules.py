@@ -59,9 +59,11 @@ def _refused(patterns, tag: str, why: str, when: Optional[Condition] = None) -> 
 
 # ---- the table ---------------------------------------------------------------------------
 
-_OFFLOAD = ("CPU offload (FSDP2's CPUOffloadPolicy) moves parameters, gradients and "
-            "optimizer state from the GPU to host memory; this run computes on the CPU "
-            "(trainer.device=cpu), so there is nothing to offload: leave it false.")
+# also the fsdp engine's own refusal, for engines built without the validation pass
+OFFLOAD_ON_CPU = ("CPU offload (FSDP2's CPUOffloadPolicy) moves parameters, gradients and "
+                  "optimizer state from the GPU to host memory; this run computes on the "
+                  "CPU (trainer.device=cpu, or auto where no GPU is visible), so there is "
+                  "nothing to offload: leave it false.")
 _MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
                      "state stay on the GPU (strategy=fsdp offloads with fsdp_config."
                      "param_offload).")
@@ -81,7 +83,7 @@ def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rul
             f"FSDP settings do not apply when {strategy_key}=megatron.",
             strategy_is(strategy_key, megatron=True)),
         _refused(offload + ((f"{prefix}.optimizer_offload",) if has_optimizer else ()),
-                 "no offload on a CPU run", _OFFLOAD, cpu_run),
+                 "no offload on a CPU run", OFFLOAD_ON_CPU, cpu_run),
         *([] if has_optimizer else [_na(f"{prefix}.optimizer_offload", "no effect: no optimizer",
                                        "the reference policy has no optimizer.")]),
         _na((f"{prefix}.wrap_policy", f"{prefix}.forward_prefetch"),

@@ -2,7 +2,8 @@
 
 It gathers every problem at once, so a user fixes a command in one go rather than one
 error per run: the range of each key (``value_rules``), the relations between keys
-(``constraints``) and the keys this release would ignore (``key_support``, refused ones).
+(``constraints``), the keys this release would ignore (``key_support``, refused ones) and
+what this machine lacks for the run (``machine``: a GPU, an optional package).
 Each problem is one line naming the key, its value and the rule; ``InvalidConfigError``
 carries them as a numbered list (exit status 2 from ``siirl-train``).
 
@@ -29,6 +30,8 @@ from siirl.params.key_support import (
     refused_problems,
     rule_for,
 )
+from siirl.params.machine import device_problems, machine_view, package_problems, run_device
+from siirl.params.rollout_settings import rollout_problems
 from siirl.params.value_rules import REGISTRIES, RULES, USER_CODE_KEYS, ValueRule, is_number
 
 __all__ = ["InvalidConfigError", "config_problems", "format_problems", "name_problems",
@@ -130,9 +133,11 @@ def name_problems(config: Any) -> List[str]:
 
 
 def config_problems(config: Any) -> List[str]:
-    """Every problem of a parsed configuration: ranges, names, relations, refused keys."""
+    """Every problem of a parsed configuration: ranges, names, relations, refused keys, and
+    what this machine lacks for it (a GPU, an optional package; ``siirl.params.machine``)."""
     return value_problems(config) + name_problems(config) + constraint_problems(config) + \
-        refused_problems(config)
+        refused_problems(machine_view(config)) + device_problems(config) + \
+        package_problems(config) + rollout_problems(config, run_device(config))
 
 
 def validate_config(config: Any) -> None:

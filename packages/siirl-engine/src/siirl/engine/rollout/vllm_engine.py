@@ -14,6 +14,11 @@ from typing import Any, Dict, Tuple
 
 from siirl.engine.models.loader import resolve_model_path
 from siirl.errors import ConfigError, PluginNotFoundError
+from siirl.params.rollout_settings import (  # noqa: F401  (server_mode: the rollouts')
+    DUMMY_FORMATS,
+    server_mode,
+    vllm_problems,
+)
 
 ROLLOUT = "actor_rollout_ref.rollout"
 INSTALL_HINT = ("install vLLM with `pip install \"siirl-engine[vllm]\"` (CUDA) or "
@@ -25,10 +30,6 @@ CPU_MIN_HEAD_DIM = 32
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
            "float16": "float16", "half": "float16", "fp32": "float32", "float32": "float32",
            "float": "float32", "auto": "auto"}
-# load_format values: dummy (random weights, the actor's arrive by the first weight sync)
-# or a format vLLM reads from the model directory
-_DUMMY_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
-_FILE_FORMATS = ("auto", "safetensors", "pt", "hf")
 
 
 def start_engine(kwargs: Dict[str, Any], model_path: Any) -> Any:
@@ -86,48 +87,16 @@ def check_model(hf_config: Any, model_path: Any, device_type: str) -> None:
                           f"(the architecture of {model_path!r}); use rollout.name=hf")
 
 
-_MODES = {"sync": False, "server": True, "async": True}  # mode -> runs a vllm serve process
-
-
-def server_mode(rollout: Any) -> bool:
-    """``rollout.mode`` is ``server`` (or verl's ``async``): one ``vllm serve`` per worker."""
-    return _MODES.get(str(rollout.mode or "sync").lower(), False)
-
-
 def check_settings(rollout: Any, device_type: str) -> None:
-    """Refuse rollout settings this release of the vllm rollout does not honour."""
-    mode = str(rollout.mode or "sync").lower()
-    if mode not in _MODES:
-        raise ConfigError(f"{ROLLOUT}.mode={rollout.mode!r} is not supported; use sync (an "
-                          "in-process engine per worker) or server (a vllm serve process per "
-                          "worker; verl's async is the same)")
-    if server_mode(rollout) and float(rollout.server_timeout_s) <= 0:
-        raise ConfigError(f"{ROLLOUT}.server_timeout_s={rollout.server_timeout_s} must be "
-                          "positive (seconds the vLLM server gets to answer /health)")
-    if server_mode(rollout) and not rollout.seed_per_prompt:
-        raise ConfigError(f"{ROLLOUT}.seed_per_prompt=false applies to the in-process engine "
-                          "only (one seed per generate call); the server mode seeds each "
-                          "prompt's request: leave it true or use mode=sync")
-    if int(rollout.tensor_model_parallel_size or 1) != 1:
-        raise ConfigError(f"{ROLLOUT}.tensor_model_parallel_size="
-                          f"{rollout.tensor_model_parallel_size}: the in-process vllm rollout "
-                          "runs one engine per worker (tensor_model_parallel_size=1); spread "
-                          "larger models over workers with the actor's parallelism instead")
-    if rollout.free_cache_engine and device_type != "cuda":
-        raise ConfigError(f"{ROLLOUT}.free_cache_engine=true needs vLLM's sleep mode, which "
-                          "only CUDA has; leave it null (on for GPUs, off on the CPU) or set "
-                          "it false")
-    check_load_format(rollout)
-
-
-def check_load_format(rollout: Any) -> None:
-    if str(rollout.load_format) not in _DUMMY_FORMATS + _FILE_FORMATS:
-        raise ConfigError(f"{ROLLOUT}.load_format={rollout.load_format!r} is not supported; "
-                          f"use one of {', '.join(_DUMMY_FORMATS + _FILE_FORMATS)}")
+    """Refuse rollout settings this release of the vllm rollout does not honour (the
+    validation pass refuses the same before anything loads)."""
+    problems = vllm_problems(rollout, device_type)
+    if problems:
+        raise ConfigError(problems[0])
 
 
 def starts_with_dummy_weights(rollout: Any) -> bool:
-    return str(rollout.load_format) in _DUMMY_FORMATS
+    return str(rollout.load_format) in DUMMY_FORMATS
 
 
 def engine_load_format(rollout: Any) -> str:
