@@ -38,10 +38,8 @@ from siirl.params.reward_args import (
     CustomRewardFunctionArguments,
     GenerativeJudgeArguments,
     OverlongBufferArguments,
-    RewardLoopRolloutArguments,
     RewardModelArguments,
     RewardModelModelArguments,
-    RewardModelProfilerArguments,
     SandboxFusionArguments,
 )
 from siirl.params.training_args import (
@@ -70,7 +68,14 @@ class SiiRLArguments:
     dag: DagArguments = field(default_factory=DagArguments)
     profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
     # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
-    custom_envs: dict[str, Any] = field(default_factory=dict)
+    custom_envs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "AGENTIC environments by tag (ROLL's layout), a free-form dict: "
+                "TAG: {env_type, env_config, env_instruction}.",
+        "entries": {"env_type": "an installed environment (siirl.environments)",
+                    "env_config": "the environment's own settings (a dict)",
+                    "env_instruction": "the rules shown to the agent (optional)"},
+        "example": "+custom_envs.Sok.env_type=sokoban "
+                   "+custom_envs.Sok.env_config.dim_room=[6,6]"})
     env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
     # ROLL's rollout schedulers of training and validation episodes
     train_env_manager: RolloutSchedulerArguments = field(
@@ -109,10 +114,8 @@ __all__ = [
     "PolicyLossArguments",
     "ProfilerArguments",
     "RefArguments",
-    "RewardLoopRolloutArguments",
     "RewardModelArguments",
     "RewardModelModelArguments",
-    "RewardModelProfilerArguments",
     "RewardNormalizationArguments",
     "RolloutArguments",
     "SamplerArguments",

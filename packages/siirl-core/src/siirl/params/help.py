@@ -11,13 +11,44 @@ from siirl.params.key_support import help_tag
 
 
 def _doc(obj: Any) -> str:
-    return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+    """The first paragraph of a schema class's docstring, as one line (a builtin's
+    docstring, e.g. dict's, is not the schema's and is never shown)."""
+    doc = obj.__doc__ if dataclasses.is_dataclass(obj) else None
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
-def _default(f: dataclasses.Field) -> Any:
+def _summary(f: dataclasses.Field) -> str:
+    """A top-level field's line: its group's docstring, or the field's own help (a
+    free-form dict such as custom_envs)."""
     if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None if f.default is dataclasses.MISSING else f.default
+        value = f.default_factory()
+        if dataclasses.is_dataclass(value):
+            return _doc(value)
+    return f.metadata.get("help", "")
+
+
+def _free_form(path: str) -> dataclasses.Field | None:
+    """The schema field ``path`` names when it is a free-form dict (custom_envs), else None."""
+    parent, _, name = path.rpartition(".")
+    node: Any = SiiRLArguments()
+    for part in [p for p in parent.split(".") if p]:
+        node = getattr(node, part, None)
+    if not dataclasses.is_dataclass(node):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(node)}
+    field = fields.get(name)
+    return field if field is not None and isinstance(getattr(node, name), dict) else None
+
+
+def _free_form_help(path: str, f: dataclasses.Field) -> str:
+    lines = [f"{path}: {f.metadata.get('help', 'a free-form dict')}"]
+    entries = f.metadata.get("entries", {})
+    if entries:
+        lines.append("  each entry holds:")
+        lines += [f"    {key:<34} {text}" for key, text in entries.items()]
+    if f.metadata.get("example"):
+        lines.append(f"  e.g. siirl-train {f.metadata['example']}")
+    return "\n".join(lines)
 
 
 def _group(path: str):
@@ -37,8 +68,11 @@ def format_help(path: str = "") -> str:
     if not path:
         lines = ["", "configuration groups (siirl-train --help GROUP lists its keys):"]
         for f in dataclasses.fields(SiiRLArguments):
-            lines.append(f"  {f.name:<24} {_doc(_default(f))}")
+            lines.append(f"  {f.name:<24} {_summary(f)}")
         return "\n".join(lines)
+    free_form = _free_form(path)
+    if free_form is not None:
+        return _free_form_help(path, free_form)
     node = _group(path)
     lines = [f"{path}: {_doc(node)}"]
     for f in dataclasses.fields(node):
