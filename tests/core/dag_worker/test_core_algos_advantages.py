@@ -294,7 +294,7 @@ def test_reinforce_plus_plus(gamma):
 # ---- registry and dispatch ------------------------------------------------------------
 
 EXPECTED = {"cpgd", "drgrpo", "gae", "gpg", "grpo", "grpo_passk", "gspo", "opo",
-            "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "gae_marft"}
+            "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "gae_marft", "remax"}
 
 
 def test_registered_names_and_unknown_name():
