@@ -29,6 +29,15 @@ from siirl.errors import PipelineError
 _LOADED: dict = {}
 
 
+def token_ids(result: Any) -> List[int]:
+    """A hook's token ids: a list, or the mapping transformers 5's
+    ``apply_chat_template(tokenize=True)`` returns (siiRL's process files return that as is,
+    written when it returned a list)."""
+    if hasattr(result, "keys") and "input_ids" in result.keys():
+        result = result["input_ids"]
+    return [int(t) for t in result]
+
+
 def _module(path: str, where: str) -> Any:
     file = Path(path)
     if not file.is_file():
@@ -85,14 +94,14 @@ class AgentProcess:
     def pre(self, tokenizer: Any, prompt_ids: List[int], obs: Any) -> List[int]:
         if self._pre is None:
             return list(prompt_ids)
-        return list(self._pre(tokenizer, list(prompt_ids), obs if self.obs_with_env else None,
-                              **self.pre_kwargs))
+        return token_ids(self._pre(tokenizer, list(prompt_ids),
+                                   obs if self.obs_with_env else None, **self.pre_kwargs))
 
     def post(self, tokenizer: Any, prompt_ids: List[int], response_ids: List[int]) -> List[int]:
         if self._post is None:
             return list(prompt_ids) + list(response_ids)
-        return list(self._post(tokenizer, list(prompt_ids), list(response_ids),
-                               **self.post_kwargs))
+        return token_ids(self._post(tokenizer, list(prompt_ids), list(response_ids),
+                                    **self.post_kwargs))
 
     def new_env(self) -> Any:
         env = self.env_class()

@@ -30,6 +30,7 @@ class Conversation:
     messages: List[Dict[str, Any]] = field(default_factory=list)  # for interactions
     mask: List[int] = field(default_factory=list)  # per token after the prompt
     interaction: Any = None  # a started interaction (``interactions.Session``), or None
+    tool_instances: Any = None  # its stateful tools' instances (``tools.instances``), or None
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -57,10 +58,11 @@ class ToolLoop:
         self.threads = int(tool_threads)
 
     def start(self, prompt_ids: Sequence[int], messages: Sequence[Dict[str, Any]] = (),
-              interaction: Any = None) -> Conversation:
+              interaction: Any = None, tool_instances: Any = None) -> Conversation:
         ids = [int(t) for t in prompt_ids]
         return Conversation(ids=ids, prompt_length=len(ids),
-                            messages=[dict(m) for m in messages], interaction=interaction)
+                            messages=[dict(m) for m in messages], interaction=interaction,
+                            tool_instances=tool_instances)
 
     def room(self, conversation: Conversation) -> int:
         return self.budget - len(conversation.response_ids)
@@ -81,7 +83,8 @@ class ToolLoop:
                 if calls:
                     pending.append((conversation, calls))
             flat = [call for _, calls in pending for call in calls]
-            results = iter(self.tools.call_many(flat, self.threads))
+            owners = [c.tool_instances for c, calls in pending for _ in calls]
+            results = iter(self.tools.call_many(flat, self.threads, owners))
             for conversation, calls in pending:
                 texts = [next(results) for _ in calls]
                 conversation.tool_calls += len(calls)

@@ -142,7 +142,8 @@ class MultiTurnRollout:
             prompt = self._prompt(batch, row, messages)
             for k in range(n):
                 session = self.interactions.session(extra[row] if extra else None)
-                conversations.append(loop.start(prompt, messages, session))
+                instances = self.tools.instances(extra[row] if extra else None)
+                conversations.append(loop.start(prompt, messages, session, instances))
                 noise.append(int(ids[row]) * n + k)  # distinct noise per sample
         policy = EnginePolicy(self.inner, pad_id, budget, validate)
 
@@ -156,6 +157,8 @@ class MultiTurnRollout:
             for conversation in conversations:
                 if conversation.interaction is not None:
                     conversation.interaction.close()
+                if conversation.tool_instances is not None:
+                    conversation.tool_instances.close()
         out = self._rows(batch, conversations, n, budget, pad_id)
         metrics = self._metrics(out, conversations)
         return NodeOutput(batch=out, metrics=metrics)

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence
 
 from siirl.environment.tool_math import calculate
+from siirl.environment.tools.instances import ToolInstances, is_stateful
 from siirl.environment.tools.parsing import ToolCall, truncate
 from siirl.environment.tools.sandbox import require_isolation, run_python
 from siirl.environment.tools.sandbox_fusion import run_remote
@@ -149,24 +150,40 @@ class ToolSet:
     def schemas(self) -> List[Dict[str, Any]]:
         return [tool.schema for tool in self.tools.values()]
 
-    def call(self, call: ToolCall) -> str:
-        """The tool's answer, or its error text (never raises)."""
+    def instances(self, extra_info: Any = None) -> Optional[ToolInstances]:
+        """One conversation's instances of verl-style stateful tools (None: there are none)."""
+        if not any(is_stateful(tool) for tool in self.tools.values()):
+            return None
+        return ToolInstances(self.tools, extra_info)
+
+    def call(self, call: ToolCall, instances: Optional[ToolInstances] = None) -> str:
+        """The tool's answer, or its error text (never raises); a stateful tool answers
+        through the conversation's ``instances``."""
         if call.error:
             text = f"error: {call.error}"
         elif call.name not in self.tools:
             text = f"error: no tool named {call.name!r}; tools: {', '.join(self.tools)}"
         else:
             try:
-                text = _text(self.tools[call.name].execute(dict(call.arguments)))
+                tool = self.tools[call.name]
+                if is_stateful(tool):
+                    if instances is None:
+                        raise RuntimeError("a stateful tool is called outside a conversation")
+                    text = _text(instances.execute(call.name, dict(call.arguments)))
+                else:
+                    text = _text(tool.execute(dict(call.arguments)))
             except Exception as exc:  # a failing tool answers with its error
                 text = f"error: {type(exc).__name__}: {exc}"
         return truncate(text, self.max_chars, self.side)[0]
 
-    def call_many(self, calls: Sequence[ToolCall], threads: int = 4) -> List[str]:
+    def call_many(self, calls: Sequence[ToolCall], threads: int = 4,
+                  instances: Optional[Sequence[Optional[ToolInstances]]] = None) -> List[str]:
+        """``call`` for each; ``instances``: the calling conversation's, per call."""
+        owners = list(instances) if instances is not None else [None] * len(calls)
         if len(calls) <= 1 or threads <= 1:
-            return [self.call(c) for c in calls]
+            return [self.call(c, i) for c, i in zip(calls, owners, strict=True)]
         with ThreadPoolExecutor(max_workers=min(threads, len(calls))) as pool:
-            return list(pool.map(self.call, calls))
+            return list(pool.map(self.call, calls, owners))
 
 
 def _check_local_sandbox(config: Dict[str, Any], where: str) -> None:

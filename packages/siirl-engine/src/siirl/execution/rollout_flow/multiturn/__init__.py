@@ -1,0 +1,1 @@
+"""siiRL's multi-turn tools and interactions (see ``siirl.execution.rollout_flow``)."""
