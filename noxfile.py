@@ -1,5 +1,6 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
-``nox -s reliability``, ``nox -s parity``, ``nox -s mutmut``, ``nox -s embodied_sim``."""
+``nox -s reliability``, ``nox -s parity``, ``nox -s launch_scripts``, ``nox -s mutmut``,
+``nox -s embodied_sim``."""
 
 import nox
 
@@ -60,6 +61,20 @@ def parity(session: nox.Session) -> None:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", "tests/e2e/test_estimator_parity.py",
                 *session.posargs, env={"SIIRL_PARITY": "all"})
+
+
+@nox.session
+def launch_scripts(session: nox.Session) -> None:
+    """Every real launch script of tests/e2e/test_launch_scripts.py (verl's LoRA,
+    sequence-balance, RLOO, REINFORCE++ and Ulysses scripts and siiRL's MARFT files too), 2
+    steps each; the default
+    ``pytest`` runs a subset."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package)
+    session.run("python", "-m", "pytest", "-q", "tests/e2e/test_launch_scripts.py",
+                *session.posargs, env={"SIIRL_LAUNCH_SCRIPTS": "all"})
 
 
 @nox.session
