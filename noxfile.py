@@ -67,8 +67,7 @@ def parity(session: nox.Session) -> None:
 def launch_scripts(session: nox.Session) -> None:
     """Every real launch script of tests/e2e/test_launch_scripts.py (verl's LoRA,
     sequence-balance, RLOO, REINFORCE++ and Ulysses scripts and siiRL's MARFT files too), 2
-    steps each; the default
-    ``pytest`` runs a subset."""
+    steps each; the default ``pytest`` runs a subset."""
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
