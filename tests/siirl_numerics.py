@@ -65,19 +65,21 @@ def rounding(dtype: torch.dtype, terms: int, magnitude: float = 1.0,
                          f"{elements} values: 2 * {lam:.2f} * sqrt({terms}) * u")
 
 
-def transformer_terms(config: Any, positions: int, backward: bool = False) -> int:
+def transformer_terms(config: Any, positions: int, backward: bool = False,
+                      tokens: int | None = None) -> int:
     """The summed reduction lengths on a decoder's path from input to log-probs: per layer
     the attention projections (hidden), scores (head_dim) and their weighted values
     (positions), the output projection (heads * head_dim), the MLP's gate/up (hidden) and
     down (intermediate) projections; then the head (hidden) and the log-softmax (vocab).
-    Gradients come back through the same reductions and sum over the positions."""
+    Gradients come back through the same reductions and sum over the ``tokens`` of the
+    batch (default: ``positions``)."""
     hidden = int(config.hidden_size)
     head_dim = int(getattr(config, "head_dim", None) or hidden // config.num_attention_heads)
     heads = int(config.num_attention_heads)
     layer = hidden + head_dim + positions + heads * head_dim + hidden + \
         int(config.intermediate_size)
     forward = int(config.num_hidden_layers) * layer + hidden + int(config.vocab_size)
-    return 2 * forward + positions if backward else forward
+    return 2 * forward + (positions if tokens is None else tokens) if backward else forward
 
 
 def assert_metrics_close(got: Mapping[str, float], want: Mapping[str, float], keys: Any,
