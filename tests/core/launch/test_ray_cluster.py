@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ray")
 
 from siirl.errors import ConfigError  # noqa: E402
-from siirl.launch import ray_cluster  # noqa: E402
+from siirl.launch import cluster_link, ray_cluster  # noqa: E402
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def closed_port() -> str:
                                            ("[::1]:6379", ("::1", 6379)),
                                            ("auto", None), ("head", None)])
 def test_host_port(address, want):
-    assert ray_cluster._host_port(address) == want
+    assert cluster_link.host_port(address) == want
 
 
 def test_a_listening_address_is_reachable(listening):

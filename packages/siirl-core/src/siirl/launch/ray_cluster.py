@@ -1,9 +1,9 @@
 """Join (or start) the Ray cluster and reserve one bundle per worker, one node per group.
 
-``trainer.ray_address`` names a running cluster. Before Ray is asked to join it, the
-address must accept a TCP connection within ``trainer.ray_connect_timeout_s``, and joining
-must finish within as long again: Ray itself retries an unreachable set-up for minutes without
-saying so.
+Which cluster: ``siirl.launch.cluster_link``. An address the user names
+(``trainer.ray_address``, ``RAY_ADDRESS``) must accept a TCP connection within
+``trainer.ray_connect_timeout_s`` before Ray is asked to join it, and joining must finish
+within as long again: Ray itself retries an unreachable set-up for minutes without saying so.
 
 ``trainer.ray_node_ip`` is this machine's address as the cluster knows its nodes. Ray
 rewrites a loopback address (given as the cluster's address or as the node's) into the
@@ -21,32 +21,33 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
-from typing import Any, List
+from typing import Any, List, Optional
 
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.launch.cluster_link import (
+    LOCAL_OVERRIDE,
+    ClusterLink,
+    check_recorded,
+    choose,
+    host_port,
+)
 
 PLACEMENT_TIMEOUT_S = 120
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    """(host, port) of ``[ray://]host:port``; None for forms without a port."""
-    address = address.split("://", 1)[-1]
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def wait_reachable(address: str, timeout_s: float) -> None:
-    """Return once ``address`` accepts a TCP connection; ConfigError after ``timeout_s``."""
-    target = _host_port(address)
+def wait_reachable(address: str, timeout_s: float, named: Optional[str] = None) -> None:
+    """Return once ``address`` accepts a TCP connection; ConfigError after ``timeout_s``.
+    ``named``: how the message names the address (default: as trainer.ray_address)."""
+    target = host_port(address)
     if target is None:
         return
     deadline = time.monotonic() + timeout_s
@@ -60,9 +61,11 @@ def wait_reachable(address: str, timeout_s: float) -> None:
             error = exc
         if time.monotonic() >= deadline:
             raise ConfigError(
-                f"trainer.ray_address={address}: no Ray cluster answers there within "
-                f"{timeout_s:g} s ({error.strerror or error}); start it (`ray start --head "
-                "--port=...`) or fix the address (trainer.ray_connect_timeout_s sets the wait)")
+                f"{named or f'trainer.ray_address={address}'}: no Ray cluster answers there "
+                f"within {timeout_s:g} s ({error.strerror or error}); start it (`ray start "
+                f"--head --port={target[1]}`), fix the address, or add {LOCAL_OVERRIDE} to run "
+                "on a private cluster this command starts and stops "
+                "(trainer.ray_connect_timeout_s sets the wait)")
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
@@ -73,12 +76,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_address(address: str, node_ip: str | None, timeout_s: float) -> None:
+def check_address(address: str, node_ip: str | None, timeout_s: float,
+                  named: Optional[str] = None) -> None:
     """ConfigError, within ``timeout_s``, unless the address Ray will dial answers."""
     import ray
 
-    wait_reachable(address, timeout_s)
-    target = _host_port(address)
+    wait_reachable(address, timeout_s, named)
+    target = host_port(address)
     if target is None or node_ip or not _is_loopback(target[0]) or "://" in address:
         return
     # Ray dials a loopback address through this machine's interface address
@@ -87,7 +91,8 @@ def check_address(address: str, node_ip: str | None, timeout_s: float) -> None:
         wait_reachable(rewritten, min(timeout_s, 5.0))
     except ConfigError:
         raise ConfigError(
-            f"trainer.ray_address={address}: the cluster answers on the loopback only, and "
+            f"{named or f'trainer.ray_address={address}'}: the cluster answers on the loopback "
+            "only, and "
             f"Ray joins a loopback address through this machine's interface address "
             f"({rewritten}), where nothing answers; a cluster whose nodes run on the "
             "loopback (`ray start --node-ip-address=127.0.0.1`) needs "
@@ -98,17 +103,15 @@ class _JoinWatchdog:
     """Ends the process with a one-line error if joining the cluster hangs: Ray retries
     some unreachable set-ups for many minutes, in native code a signal cannot cut short."""
 
-    def __init__(self, address: str, timeout_s: float):
-        import threading
-
-        self.timer = threading.Timer(timeout_s, self._fire, (address, timeout_s))
+    def __init__(self, named: str, timeout_s: float):
+        self.timer = threading.Timer(timeout_s, self._fire, (named, timeout_s))
         self.timer.daemon = True
 
     @staticmethod
-    def _fire(address: str, timeout_s: float) -> None:
+    def _fire(named: str, timeout_s: float) -> None:
         import sys
 
-        sys.stderr.write(f"siirl-train: error: trainer.ray_address={address}: joining the "
+        sys.stderr.write(f"siirl-train: error: {named}: joining the "
                          f"Ray cluster did not finish within {timeout_s:g} s; check the "
                          "address, trainer.ray_node_ip (this machine's address as the "
                          "cluster knows it) and that this machine runs a node of the "
@@ -137,28 +140,34 @@ def pin_node_ip(node_ip: str | None) -> dict:
     return {"_node_ip_address": node_ip}
 
 
-def start_ray(config: Any, num_workers: int) -> bool:
-    """Join or start Ray; True when this call started a local cluster (ours to stop)."""
+def start_ray(config: Any, num_workers: int) -> ClusterLink:
+    """Join or start Ray (which: ``cluster_link.choose``); the link says which cluster and
+    whether this call started it (then it is ours to stop)."""
     import ray
 
-    if ray.is_initialized():
-        return False
-    address = select(config, "trainer.ray_address")
+    link = choose(config)
+    if ray.is_initialized():  # the caller's own session (tests, notebooks)
+        link.address, link.source, link.key = None, "this process's own Ray session", None
+        link.gcs = ray.get_runtime_context().gcs_address
+        return link
     node_ip = select(config, "trainer.ray_node_ip")
     node = pin_node_ip(node_ip)
-    if address != "local":
+    # Ray's "Started a local Ray instance" / "Connected to Ray cluster": the link says it
+    node["logging_level"] = logging.WARNING
+    if link.address:
         timeout_s = float(select(config, "trainer.ray_connect_timeout_s", 30.0))
-        if address and address != "auto":
-            check_address(str(address), node_ip, timeout_s)
-        try:  # an explicit address, RAY_ADDRESS, or a cluster started on this node
-            with _JoinWatchdog(str(address or "auto"), timeout_s):
-                ray.init(address=address or "auto", log_to_driver=True,
-                         ignore_reinit_error=True, **node)
-            return False
-        except ConnectionError:
-            if address:
-                raise ConfigError(f"trainer.ray_address={address}: no Ray cluster answers "
-                                  "there") from None
+        if link.recorded:
+            check_recorded(link)
+        else:
+            check_address(link.address, node_ip, timeout_s, link.named)
+        with _JoinWatchdog(link.named, timeout_s), _without_ray_address_env():
+            try:
+                ray.init(address=link.address, log_to_driver=True, ignore_reinit_error=True,
+                         **node)
+            except ConnectionError as exc:
+                raise ConfigError(link.unreachable(str(exc).splitlines()[0])) from None
+        link.gcs = ray.get_runtime_context().gcs_address
+        return link
     temp_dir = select(config, "trainer.ray_temp_dir") or tempfile.mkdtemp(prefix="ray")
     kwargs = {"include_dashboard": False, "_temp_dir": str(temp_dir),
               "object_store_memory": 256 * 1024 ** 2,  # batches never go through it
@@ -166,9 +175,32 @@ def start_ray(config: Any, num_workers: int) -> bool:
     # one logical CPU per worker even on a small machine (CPU workers, tests); GPUs are
     # detected by Ray itself
     kwargs["num_cpus"] = max(num_workers, os.cpu_count() or 1)
-    with _children_ignore_ctrl_c():
+    with _children_ignore_ctrl_c(), _without_ray_address_env():
         ray.init(**kwargs)
-    return True
+    link.started = True
+    link.gcs = ray.get_runtime_context().gcs_address
+    return link
+
+
+@contextlib.contextmanager
+def _without_ray_address_env():
+    """Ray lets ``RAY_ADDRESS`` override the address ray.init is given; ``choose`` has
+    already read it, and the cluster it picked is the one joined or started."""
+    old = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        yield
+    finally:
+        if old is not None:
+            os.environ["RAY_ADDRESS"] = old
+
+
+def colourless_worker_logs() -> None:
+    """Ray prefixes each forwarded worker line with a coloured ``(WorkerProcess pid=...)``;
+    when the console is not a terminal (a log file, a pipe) the colour codes are noise."""
+    on_terminal = all(getattr(stream, "isatty", lambda: False)() for stream in
+                      (sys.stdout, sys.stderr))
+    if "RAY_COLOR_PREFIX" not in os.environ and not on_terminal:
+        os.environ["RAY_COLOR_PREFIX"] = "0"
 
 
 @contextlib.contextmanager

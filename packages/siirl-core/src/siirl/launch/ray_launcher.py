@@ -28,8 +28,9 @@ from siirl.errors import SiirlError, WorkerFailedError
 from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 from siirl.launch import signals
+from siirl.launch.cluster_link import ClusterWatch
 from siirl.launch.heartbeat import CHECK_S, describe
-from siirl.launch.ray_cluster import placement_groups, start_ray
+from siirl.launch.ray_cluster import colourless_worker_logs, placement_groups, start_ray
 
 LOG_FLUSH_S = 1.0
 FAILURE_SETTLE_S = 3.0  # a dead worker's peers may fail first: wait for its death too
@@ -131,9 +132,12 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
     device = str(select(config, "trainer.device", "auto") or "auto").lower()
     if device not in ("auto", "cpu"):
         device_kind(config)  # validates the name
-    started = start_ray(config, num_workers)
+    colourless_worker_logs()
+    link = start_ray(config, num_workers)
+    link.announce(select(config, "trainer.ray_temp_dir") if link.started else None)
     signals.reinstall()
     actors, groups = [], []
+    watch = ClusterWatch(link).start()  # a lost cluster ends the command within seconds
     try:
         # auto: GPU workers when the cluster has GPUs (the driver itself may have none)
         on_gpu = device == "cuda" or (device == "auto" and
@@ -153,6 +157,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
             ).remote(rank, num_workers, config))
         infos = ray.get([actor.address.remote() for actor in actors])
         _record_workers(config, infos)
+        watch.workers = infos
         group_ranks = [list(a.group_ranks) or list(range(num_workers)) for a in plan]
         master = infos[0]
         monitor = ray.remote(num_cpus=0)(HeartbeatMonitor).remote()
@@ -163,10 +168,17 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
         startup.settle()  # this process only waits from here on
         return _wait(pending, infos, monitor,
                      float(select(config, "trainer.heartbeat_timeout_s", 120.0)))
+    except Exception:
+        if watch.gone():  # the workers failed because the cluster went away: say that
+            watch.end_local_workers()
+            raise WorkerFailedError(link.lost(), 0) from None
+        raise
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        for group in groups:
-            ray.util.remove_placement_group(group)
-        if started:
+        watch.stop()
+        if not watch.gone():  # else there is no one left to ask
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            for group in groups:
+                ray.util.remove_placement_group(group)
+        if link.started:
             ray.shutdown()

@@ -141,9 +141,10 @@ class TrainerArguments:
                                         "profiler.enable on for them; see profiler.*)."})
     ray_address: str | None = field(
         default=None,
-        metadata={"help": "Ray cluster to join for multi-worker runs: null joins the running "
-                          "cluster (RAY_ADDRESS or `ray start --head` on this node) and else "
-                          "starts a local one; 'local' always starts a local one."},
+        metadata={"help": "Ray cluster to join for multi-worker runs: null joins RAY_ADDRESS "
+                          "or the cluster `ray start` recorded on this machine, and else starts "
+                          "a private one; 'local' always starts a private one (it stops with "
+                          "the command). The first line of the run says which."},
     )
     ray_node_ip: str | None = field(
         default=None,
