@@ -17,7 +17,7 @@ from siirl.dag_worker.checkpoint_errors import StorageError
 from siirl.dag_worker.console import ConsoleLogger
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
-from siirl.params.constraints import logger_problems
+from siirl.params.constraints import unknown_logger_problems
 
 
 def _finite(value: float):
@@ -138,7 +138,7 @@ def build_tracking(config: Any, console: bool = True,
                    custom_metrics: Collection[str] = ()) -> Tracking:
     names = select(config, "trainer.logger", ["console"])
     names = [names] if isinstance(names, str) else list(names)
-    unknown = logger_problems(config)  # the validation pass refuses it first
+    unknown = unknown_logger_problems(names)  # the validation pass refuses it first
     if unknown:
         raise ConfigError(unknown[0])
     directory = str(select(config, "trainer.default_local_dir", "."))

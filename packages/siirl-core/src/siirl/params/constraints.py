@@ -266,7 +266,11 @@ LOGGERS = ("console", "tensorboard", "wandb")  # metrics.jsonl is always written
 
 
 def logger_problems(config: Any) -> List[str]:
-    names = _get(config, "trainer.logger") or []
+    return unknown_logger_problems(_get(config, "trainer.logger") or [])
+
+
+def unknown_logger_problems(names: Any) -> List[str]:
+    """The refusal of ``trainer.logger`` names no logger has (a name or a list of them)."""
     names = [names] if isinstance(names, str) else list(names)
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
