@@ -82,6 +82,16 @@ def transformer_terms(config: Any, positions: int, backward: bool = False,
     return 2 * forward + (positions if tokens is None else tokens) if backward else forward
 
 
+def vla_terms(config: Any, positions: int) -> int:
+    """transformer_terms of a VLA's decoder plus its image encoder's reductions: 3x3
+    convolutions over their input channels and 2 coordinate channels (CoordConv), then the
+    projection (siiRL's builtin tiny VLA)."""
+    vision, width = 0, 3
+    for out in config.image_channels:
+        vision, width = vision + 9 * (width + 2), int(out)
+    return transformer_terms(config, positions) + vision + width
+
+
 def assert_metrics_close(got: Mapping[str, float], want: Mapping[str, float], keys: Any,
                          terms: Callable[[str], int], what: str = "") -> None:
     """Scalar metrics of two runs (losses, norms, fractions), each within the float32
