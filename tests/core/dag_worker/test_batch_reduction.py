@@ -1,72 +1,23 @@
 """Batch statistics over every worker's rows: each registered estimator on a batch split
 over two simulated workers (threads exchanging their sums, as the gloo collectives would)
-gives the one-worker result on the whole batch.
+gives the one-worker result on the whole batch (``siirl_workers``).
 
 The batch: 4 prompt groups of 3 rows, unequal lengths, one empty row (it trains nothing and
 is not in B), a hole in one response; worker 0 holds the first two groups, worker 1 the rest.
 """
-
-import threading
 
 import pytest
 import torch
 
 from siirl.dag_worker import algorithm_nodes
 from siirl.dag_worker import core_algos as ca
-from siirl.dag_worker.core_algos.batch_reduction import LOCAL, WorkerReduction
+from siirl.dag_worker.core_algos.batch_reduction import LOCAL
 from siirl.dag_worker.dag_utils import call_with_available
 from siirl.errors import DataError
+from siirl_workers import on_workers
 
 ROWS, WIDTH = 12, 5
 UIDS = [f"p{row // 3}" for row in range(ROWS)]
-
-
-class ThreadComm:
-    """A WorkerComm stand-in for ``world`` threads: ``all_gather`` hands every thread
-    everyone's object, in rank order."""
-
-    def __init__(self, world: int):
-        self.world, self.slots = world, [None] * world
-        self.barrier = threading.Barrier(world)
-
-    def view(self, rank: int):
-        comm = self
-
-        class Rank:
-            active, world_size = comm.world > 1, comm.world
-
-            def all_gather(self, obj):
-                comm.slots[rank] = obj
-                comm.barrier.wait()
-                out = list(comm.slots)
-                comm.barrier.wait()  # nobody overwrites a slot before all have read
-                return out
-
-        rank_view = Rank()
-        rank_view.rank = rank
-        return rank_view
-
-
-def on_workers(fn, parts, contributes=None):
-    """``fn(part, reduction)`` on one thread per part; the results in rank order."""
-    comm, results, errors = ThreadComm(len(parts)), [None] * len(parts), []
-    contributes = contributes or [True] * len(parts)
-
-    def run(rank):
-        try:
-            results[rank] = fn(parts[rank], WorkerReduction(comm.view(rank), contributes[rank]))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
-            comm.barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(parts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def batch(seed=0):

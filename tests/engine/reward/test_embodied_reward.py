@@ -1,6 +1,10 @@
 """The embodied reward: success scores 1, and SRPO's progress reward gives failed episodes
 more the nearer their embedding lies to the same task's successes (end to end: reach
-episodes embedded by the builtin video encoder)."""
+episodes embedded by the builtin video encoder). With the batch split over two simulated
+workers, each failure is still compared with its task's successes on both (``siirl_workers``).
+"""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from siirl.engine.reward_score.embodied import dbscan, progress_rewards, success
 from siirl.environment.embodied import Reach2D, expert_action
 from siirl.environment.embodied.video_embedding import build_video_encoder
 from siirl.errors import DataError
+from siirl_workers import on_workers
 
 
 def test_dbscan_finds_dense_groups_and_noise():
@@ -115,3 +120,74 @@ def test_srpo_on_reach_videos_pays_failures_by_how_near_they_got():
     assert np.all(np.diff(rewards[failures]) < 0), (np.array(gaps)[failures],
                                                     rewards[failures])
     assert np.all(rewards[3:] < 1.0) and np.all(rewards[3:] > 0)
+
+
+def _split_batch(seed=0):
+    """12 episodes of two tasks: task a's successes all in the first 5 rows, most of its
+    failures in the rest; two clusters of successes, one never-computed embedding."""
+    rng = np.random.default_rng(seed)
+    tasks = np.array(list("abaabaababab"))
+    success = np.array([1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0], dtype=bool)
+    embeddings = rng.normal(size=(12, 3))
+    embeddings[0] += 4.0  # task a's successes: one far from the others
+    embeddings[11] = 0.0  # never computed: not scored
+    return embeddings, success, tasks
+
+
+def test_two_workers_score_each_failure_against_the_whole_batch():
+    embeddings, success, tasks = _split_batch()
+    whole, whole_distances = progress_rewards(embeddings, success, tasks)
+    # worker 1 holds failures of task a and no success of it: alone it would leave them at 0
+    alone, _ = progress_rewards(embeddings[5:], success[5:], tasks[5:])
+    assert alone[[0, 1, 3, 5]].tolist() == [0.0] * 4 and whole[[5, 6, 8, 10]].min() > 0
+    parts = on_workers(lambda rows, reduction: progress_rewards(
+        embeddings[rows], success[rows], list(tasks[rows]),
+        reduction=reduction), [slice(0, 5), slice(5, 12)])
+    assert np.array_equal(np.concatenate([parts[0][0], parts[1][0]]), whole)
+    distances = {**parts[0][1], **{row + 5: d for row, d in parts[1][1].items()}}
+    assert distances == whole_distances
+
+
+def test_a_tensor_parallel_copy_of_rows_adds_nothing():
+    embeddings, success, tasks = _split_batch(1)
+    whole, _ = progress_rewards(embeddings, success, tasks)
+    halves = [slice(0, 6), slice(6, 12), slice(6, 12)]  # worker 2 holds worker 1's copy
+    parts = on_workers(lambda rows, reduction: progress_rewards(
+        embeddings[rows], success[rows], list(tasks[rows]),
+        reduction=reduction)[0], halves, contributes=[True, True, False])
+    assert np.array_equal(np.concatenate(parts[:2]), whole)
+    assert np.array_equal(parts[2], parts[1])
+
+
+def test_success_clusters_do_not_depend_on_the_order_of_the_successes():
+    points = np.random.default_rng(3).normal(size=(9, 4))
+    points[:4] += 3.0
+    centres = success_centres(points)
+    assert np.array_equal(success_centres(points[::-1]), centres)
+    assert np.array_equal(success_centres(points[[4, 0, 8, 2, 6, 1, 7, 3, 5]]), centres)
+
+
+def test_the_manager_on_two_workers_scores_and_reports_like_one():
+    embeddings, success, tasks = _split_batch(2)
+
+    def batch_of(rows):
+        batch = protocol.make_batch({
+            "response_mask": torch.ones(len(rows), 3),
+            "complete": torch.tensor(success[rows], dtype=torch.float32),
+            "trajectory_embedding": torch.tensor(embeddings[rows], dtype=torch.float32)})
+        protocol.set_non_tensor(batch, "task_id", list(tasks[rows]))
+        return batch
+
+    one = EmbodiedRewardManager().compute_reward(batch_of(list(range(12))))
+
+    def on_worker(rows, reduction):  # the worker's comm, as the reward node's worker has
+        manager = EmbodiedRewardManager(worker=SimpleNamespace(comm=reduction.comm))
+        return manager.compute_reward(batch_of(rows))
+
+    two = on_workers(on_worker, [list(range(7)), list(range(7, 12))])
+    scores = torch.cat([out.batch["token_level_scores"] for out in two])
+    assert torch.equal(scores, one.batch["token_level_scores"])
+    for out in two:  # the global mean on each worker; counts add up over the workers
+        assert out.metrics["reward/progress/mean"] == one.metrics["reward/progress/mean"]
+    assert sum(out.metrics["reward/progress/count"] for out in two) == \
+        one.metrics["reward/progress/count"] > 0

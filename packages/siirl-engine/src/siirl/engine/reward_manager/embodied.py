@@ -5,11 +5,15 @@ Reads ``complete`` (0/1 per episode), and, when present, ``trajectory_embedding`
 and ``task_id`` (episodes of one task are compared; without it, the GRPO group ``uid``).
 The score times ``reward_model.reward_kwargs.reward_coef`` (default 1.0, siiRL's key) sits on
 each row's last response token. Without embeddings a failure scores 0 (plain GRPO on
-success).
+success). With several workers the progress reward compares a failure with its task's
+successes on every worker (the global batch), and ``reward/progress/mean`` is the global
+batch's mean; ``reward/progress/count`` counts this worker's scored failures (summed over
+the workers in the step's metrics).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -30,6 +34,7 @@ from siirl.engine.common.config import typed_config
 from siirl.engine.reward_manager.registry import register
 from siirl.engine.reward_score.embodied import progress_rewards
 from siirl.errors import DataError
+from siirl.execution.dag.node import NodeRole
 
 
 @register("embodied")
@@ -41,6 +46,17 @@ class EmbodiedRewardManager:
         kwargs = dict(typed_config(config).reward_model.reward_kwargs or {})
         self.reward_coef = float(reward_coef if reward_coef is not None else
                                  kwargs.get("reward_coef", 1.0))
+        self.worker = worker
+
+    def _reduction(self) -> Any:
+        """Gathers over the workers whose rows make up the batch at the reward node (the
+        local no-op for one worker); a tensor-parallel peer's copy of rows adds nothing."""
+        from siirl.dag_worker.algorithm_nodes import batch_reduction
+
+        graph = getattr(self.worker, "taskgraph", None)
+        node = next((n for n in graph.nodes.values() if n.node_role is NodeRole.REWARD),
+                    None) if graph is not None else None
+        return batch_reduction(self.worker, node)
 
     def compute_reward(self, batch: Any) -> NodeOutput:
         keys = batch.keys()
@@ -53,10 +69,13 @@ class EmbodiedRewardManager:
             get_non_tensor(batch, UID) if UID in keys else ["all"] * len(success)
         metrics = {"reward/success_rate": float(success.mean()) if len(success) else 0.0}
         if TRAJECTORY_EMBEDDING in keys:
+            reduction = self._reduction()
             scores, distances = progress_rewards(
-                batch[TRAJECTORY_EMBEDDING].float().cpu().numpy(), success, groups)
+                batch[TRAJECTORY_EMBEDDING].float().cpu().numpy(), success, groups,
+                reduction=reduction)
             shaped = [scores[row] for row in distances]
-            metrics["reward/progress/mean"] = float(np.mean(shaped)) if shaped else 0.0
+            total, count = reduction.sum([math.fsum(shaped), len(shaped)])
+            metrics["reward/progress/mean"] = float(total / count) if count > 0 else 0.0
             metrics["reward/progress/count"] = float(len(shaped))
         else:
             scores = success.astype(np.float64)

@@ -8,13 +8,21 @@ over the task's failures (all equal: 0.5), and the reward is
 ``failure_scale * sigmoid(steepness * (offset - normalized distance))`` (0.6, 10, 0.5 as
 in siiRL), so nearer failures earn more, never as much as a success (1.0). A task with no
 success or no failure in the batch leaves its failures at 0.
+
+"The batch" is the global batch: with its rows on several workers, each worker's
+successful embeddings per task and its failures' distance range per task go to every
+worker (``core_algos.batch_reduction``), so N workers score like one. The successes are
+clustered in a canonical order (sorted by embedding), which DBSCAN's border points depend
+on, so that no worker split changes the clusters.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
+
+from siirl.dag_worker.core_algos.batch_reduction import LOCAL
 
 
 def dbscan(points: np.ndarray, eps: float = 0.5, min_samples: int = 2) -> np.ndarray:
@@ -42,7 +50,9 @@ def dbscan(points: np.ndarray, eps: float = 0.5, min_samples: int = 2) -> np.nda
 
 def success_centres(embeddings: np.ndarray, eps: float = 0.5,
                     min_samples: int = 2) -> np.ndarray:
-    """Centres of the successful episodes' clusters, in the original embedding space."""
+    """Centres of the successful episodes' clusters, in the original embedding space; the
+    same for any order of ``embeddings`` (clustered sorted)."""
+    embeddings = embeddings[np.lexsort(embeddings.T[::-1])]
     mean = embeddings.mean(axis=0)
     std = embeddings.std(axis=0)
     std = np.where(std > 0, std, 1.0)
@@ -52,10 +62,22 @@ def success_centres(embeddings: np.ndarray, eps: float = 0.5,
     return np.stack(centres) if centres else embeddings.mean(axis=0, keepdims=True)
 
 
+def _merged(parts: Sequence[Dict[str, Any]], combine: Any) -> Dict[str, Any]:
+    """One dict of the workers' dicts (rank order), values of a key combined."""
+    merged: Dict[str, List[Any]] = {}
+    for part in parts:
+        for key, value in part.items():
+            merged.setdefault(key, []).append(value)
+    return {key: combine(values) for key, values in merged.items()}
+
+
 def progress_rewards(embeddings: np.ndarray, success: Sequence[bool], groups: Sequence[str],
                      failure_scale: float = 0.6, steepness: float = 10.0,
-                     offset: float = 0.5) -> Tuple[np.ndarray, Dict[int, float]]:
-    """(reward per episode, normalized distance of each scored failure by row)."""
+                     offset: float = 0.5, reduction: Any = LOCAL
+                     ) -> Tuple[np.ndarray, Dict[int, float]]:
+    """(reward per episode of these rows, normalized distance of each scored failure by
+    row). ``reduction`` spans the workers holding the rest of the batch (``LOCAL``: these
+    rows are all of it); every one of them must call this, rows or not."""
     success = np.asarray(success, dtype=bool)
     embeddings = np.asarray(embeddings, dtype=np.float64)
     rewards = np.where(success, 1.0, 0.0)
@@ -65,17 +87,27 @@ def progress_rewards(embeddings: np.ndarray, success: Sequence[bool], groups: Se
     for row, group in enumerate(groups):
         if usable[row]:
             by_group.setdefault(str(group), []).append(row)
-    for rows in by_group.values():
-        rows = np.asarray(rows)
-        wins, losses = rows[success[rows]], rows[~success[rows]]
-        if len(wins) == 0 or len(losses) == 0:
-            continue
-        centres = success_centres(embeddings[wins])
-        nearest = np.linalg.norm(embeddings[losses][:, None, :] - centres[None, :, :],
-                                 axis=-1).min(axis=1)
-        spread = nearest.max() - nearest.min()
-        scaled = np.full_like(nearest, 0.5) if spread < 1e-6 else \
-            (nearest - nearest.min()) / spread
+    rows_of = {group: np.asarray(rows) for group, rows in by_group.items()}
+    # every worker's successes of each task
+    wins = {group: embeddings[rows[success[rows]]] for group, rows in rows_of.items()
+            if success[rows].any()}
+    wins = _merged(reduction.gather(wins), np.concatenate)
+    centres = {group: success_centres(points) for group, points in wins.items()}
+    nearest: Dict[str, np.ndarray] = {}
+    for group, rows in rows_of.items():
+        losses = rows[~success[rows]]
+        if group in centres and len(losses):
+            nearest[group] = np.linalg.norm(
+                embeddings[losses][:, None, :] - centres[group][None, :, :], axis=-1).min(axis=1)
+    # the range of each task's failure distances over every worker
+    ranges = _merged(reduction.gather({group: (float(d.min()), float(d.max()))
+                                       for group, d in nearest.items()}),
+                     lambda spans: (min(lo for lo, _ in spans), max(hi for _, hi in spans)))
+    for group, distances in nearest.items():
+        low, high = ranges[group]
+        spread = high - low
+        scaled = np.full_like(distances, 0.5) if spread < 1e-6 else (distances - low) / spread
+        losses = rows_of[group][~success[rows_of[group]]]
         rewards[losses] = failure_scale / (1.0 + np.exp(-steepness * (offset - scaled)))
         normalized.update({int(r): float(v) for r, v in zip(losses, scaled, strict=True)})
     return rewards, normalized
