@@ -133,3 +133,29 @@ def test_metric_totals_are_averaged_over_mini_batches():
 
     PPOUpdater(backend, UpdateSettings(4, 2), "fake").update(rows(8), HEAD, Recording())
     assert seen["rows"] == [4, 4]
+
+
+def test_turn_rows_are_cut_into_a_count_of_mini_batches():
+    """AGENTIC step rows (as many as the episodes took turns): the update takes the same
+    optimizer steps whatever their count, so 1 and N workers step alike."""
+    from siirl.engine.common.ppo_update import turn_row_mini_batches
+    from siirl.params import SiiRLArguments
+
+    for count, expected in ((11, [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]),
+                            (3, [[0, 1], [2]])):
+        backend = FakeBackend()
+        settings = UpdateSettings(2, 0, rollout_n=4, mini_batches=2)
+        PPOUpdater(backend, settings, "fake").update(rows(count), HEAD, MeanLoss())
+        assert backend.micro_rows == expected and backend.steps == 2
+    backend = FakeBackend()  # micro-batches of a fixed size, the last one smaller
+    PPOUpdater(backend, UpdateSettings(2, 4, rollout_n=4, mini_batches=1), "fake").update(
+        rows(10), HEAD, MeanLoss())
+    assert [len(m) for m in backend.micro_rows] == [4, 4, 2] and backend.steps == 1
+
+    config = SiiRLArguments()
+    config.data.train_batch_size = 8
+    assert turn_row_mini_batches(config, 4) == 0  # DEFAULT: rows are samples
+    config.algorithm.workflow_type = "AGENTIC"
+    assert turn_row_mini_batches(config, 4) == 0  # trajectory rows: one per episode
+    config.env_manager.mode = "step"
+    assert turn_row_mini_batches(config, 4) == 2 and turn_row_mini_batches(config, 8) == 1

@@ -185,7 +185,7 @@ class DataParallelPPOActor(UpdatingRole):
         if self.updater is None:
             return False
         settings = self.updater.settings
-        if settings.epochs != 1 or settings.shuffle or rows > settings.mini_batch_rows():
+        if settings.epochs != 1 or settings.shuffle or rows > settings.rows_per_mini_batch(rows):
             return False
         if settings.token_budget is not None or self.log_prob_budget is not None:
             # the same token plan only for the same budget

@@ -20,7 +20,7 @@ from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
 from siirl.engine.common.dynamic_batch import budget, check_backend
-from siirl.engine.common.ppo_update import UpdateSettings
+from siirl.engine.common.ppo_update import UpdateSettings, turn_row_mini_batches
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.common.weight_sync import Bucket
 from siirl.params import SiiRLArguments
@@ -43,7 +43,8 @@ class ActorEngine(TrainedEngine):
         settings = UpdateSettings(
             actor_cfg.ppo_mini_batch_size, actor_cfg.ppo_micro_batch_size_per_gpu,
             actor_cfg.ppo_epochs, actor_cfg.shuffle, rollout_cfg.n, backend.dp_size,
-            run_seed(cfg), token_budget=train_budget)
+            run_seed(cfg), token_budget=train_budget,
+            mini_batches=turn_row_mini_batches(cfg, actor_cfg.ppo_mini_batch_size))
         self.actor = DataParallelPPOActor(
             backend, actor_cfg, heads, temperature=rollout_cfg.temperature,
             log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,

@@ -4,8 +4,11 @@
 update count so a resumed run shuffles like an uninterrupted one), mini-batches of
 ``ppo_mini_batch_size * rollout.n / data-parallel size`` rows, each one optimizer step
 over micro-batches of ``ppo_micro_batch_size_per_gpu`` rows run by the backend's
-``forward_backward_batch``. A step whose gradient norm is not finite is skipped, so one
-bad batch cannot poison weights or optimizer moments.
+``forward_backward_batch``. Rows that are not ``rollout.n`` samples per prompt (AGENTIC
+``env_manager.mode=step``: one row per turn) are cut into a number of mini-batches
+instead, ``data.train_batch_size / ppo_mini_batch_size``, as episode rows would be: the
+same optimizer steps on any number of workers (``mini_batches``). A step whose gradient
+norm is not finite is skipped, so one bad batch cannot poison weights or optimizer moments.
 
 Metrics: a :class:`MiniBatchLoss` adds each micro-batch's share of the mini-batch value to
 ``totals``; they are averaged over mini-batches and summed over data-parallel ranks, so
@@ -52,11 +55,15 @@ class UpdateSettings:
     seed: int = 0
     key_prefix: str = ""  # where the keys live, for messages: "" (actor) or "critic."
     token_budget: Optional[TokenBudget] = None  # use_dynamic_bsz: micro-batches by tokens
+    # > 0: the rows are not rollout.n per prompt (turn rows): every update takes this many
+    # optimizer steps, each on an equal share of the rows (the last may be smaller)
+    mini_batches: int = 0
 
     def __post_init__(self) -> None:
         self.mini_batch_prompts, self.epochs = int(self.mini_batch_prompts), int(self.epochs)
         self.micro_batch_rows = int(self.micro_batch_rows or 0)
         self.rollout_n, self.world_size = int(self.rollout_n), int(self.world_size)
+        self.mini_batches = int(self.mini_batches or 0)
         if self.epochs < 1:
             raise ConfigError(f"{self.key_prefix}ppo_epochs={self.epochs} must be at least 1")
         if self.micro_batch_rows < 0:
@@ -72,16 +79,32 @@ class UpdateSettings:
                               f"data-parallel size {self.world_size}")
         return rows
 
+    def rows_per_mini_batch(self, rows: int) -> int:
+        """How many of an update's ``rows`` one mini-batch takes."""
+        if self.mini_batches > 0:
+            return max(1, math.ceil(rows / self.mini_batches))
+        return self.mini_batch_rows()
+
     def micro_rows(self) -> int:
         mini = self.mini_batch_rows()
         micro = self.micro_batch_rows or mini
-        if self.token_budget is not None:  # micro-batches are cut by tokens
-            return micro
+        if self.token_budget is not None or self.mini_batches > 0:
+            return micro  # micro-batches cut by tokens, or of rows whose count varies
         if mini % micro:
             what = "critic " if self.key_prefix else ""
             raise ConfigError(f"the per-rank {what}mini-batch ({mini} rows) must be a multiple "
                               f"of {self.key_prefix}ppo_micro_batch_size_per_gpu={micro}")
         return micro
+
+
+def turn_row_mini_batches(cfg: Any, mini_batch_prompts: int) -> int:
+    """``UpdateSettings.mini_batches`` of a run: AGENTIC ``env_manager.mode=step`` makes a
+    row per turn, as many as the episodes took, so a size in rows would cut the step into
+    a number of optimizer steps that depends on the worker count; 0 for sample rows."""
+    if str(cfg.algorithm.workflow_type).upper() != "AGENTIC" or \
+            str(cfg.env_manager.mode or "trajectory").lower() != "step":
+        return 0
+    return max(1, int(cfg.data.train_batch_size) // max(int(mini_batch_prompts), 1))
 
 
 class PPOUpdater:
@@ -99,7 +122,7 @@ class PPOUpdater:
     def update(self, data: Any, head: Head, loss: MiniBatchLoss) -> Dict[str, float]:
         """Every epoch's mini-batch steps over ``data``; the update's metrics."""
         backend, settings = self.backend, self.settings
-        mini, micro = settings.mini_batch_rows(), settings.micro_rows()
+        mini, micro = settings.rows_per_mini_batch(data.batch_size[0]), settings.micro_rows()
         generator = None
         if settings.shuffle:
             generator = torch.Generator().manual_seed(settings.seed + self.update_count)

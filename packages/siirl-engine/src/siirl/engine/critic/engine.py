@@ -15,7 +15,7 @@ from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
 from siirl.engine.common.dp_utils import dp_sum
 from siirl.engine.common.dynamic_batch import budget, check_backend
-from siirl.engine.common.ppo_update import UpdateSettings
+from siirl.engine.common.ppo_update import UpdateSettings, turn_row_mini_batches
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.critic.dp_critic import DataParallelPPOCritic, ValueHeads
 from siirl.params import SiiRLArguments
@@ -36,7 +36,8 @@ class CriticEngine(TrainedEngine):
             critic_cfg.ppo_mini_batch_size, critic_cfg.ppo_micro_batch_size_per_gpu,
             critic_cfg.ppo_epochs, critic_cfg.shuffle,
             critic_cfg.rollout_n or cfg.actor_rollout_ref.rollout.n, backend.dp_size,
-            run_seed(cfg), key_prefix="critic.", token_budget=train_budget)
+            run_seed(cfg), key_prefix="critic.", token_budget=train_budget,
+            mini_batches=turn_row_mini_batches(cfg, critic_cfg.ppo_mini_batch_size))
         self.critic = DataParallelPPOCritic(
             backend, critic_cfg, heads, settings, forward_budget=forward_budget,
             lr_scheduler=initial_scheduler(backend.optimizer, critic_cfg.optim,
