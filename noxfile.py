@@ -52,9 +52,10 @@ def reliability(session: nox.Session) -> None:
 
 @nox.session
 def parity(session: nox.Session) -> None:
-    """Every registered advantage estimator on 1 and 2 CPU workers, 2 steps each, compared
-    (tests/e2e/test_estimator_parity.py; the default ``pytest`` runs the estimators with
-    batch-wide statistics and GRPO)."""
+    """Every registered advantage estimator, and the AGENTIC and EMBODIED workflow runs, on
+    1 and 2 CPU workers, 2 steps each, compared (tests/e2e/test_estimator_parity.py; the
+    default ``pytest`` runs the estimators with batch-wide statistics and GRPO, and all
+    workflow runs but embodied GRPO on four tasks)."""
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:

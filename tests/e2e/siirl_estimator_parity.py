@@ -1,11 +1,12 @@
-"""Train several estimators on 1 or 2 CPU workers, one after another in the same processes,
-and write each run's metric history (``<out>/<name>.json``).
+"""Train several estimators (and workflows) on 1 or 2 CPU workers, one after another in the
+same processes, and write each run's metric history (``<out>/<name>.json``).
 
 ``python siirl_estimator_parity.py WORLD OUT NAME [NAME ...]``: WORLD 1 trains in this
 process, as ``siirl-train`` does with one worker; WORLD 2 spawns two processes that join
 gloo and run what a Ray worker runs (``WorkerProcess``), without starting Ray, so the
 processes and their imports are paid once for all the estimators. ``RUNS`` holds each
-estimator's settings on the built-in task and model.
+estimator's settings on the built-in task and model; ``WORKFLOWS`` the AGENTIC and EMBODIED
+runs, each a preset of ``configs/`` shrunk to 2 steps of a tiny batch.
 """
 
 from __future__ import annotations
@@ -51,6 +52,38 @@ RUNS = {
 }
 
 
+# the runs of the other workflows: name -> (preset under configs/, its settings)
+TWO_STEPS = ["trainer.total_training_steps=2", "trainer.logger=[]",
+             "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+             "trainer.device=cpu", "trainer.seed=7"]
+_AGENTIC = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "critic.ppo_micro_batch_size_per_gpu=8",
+            "custom_envs.FrozenLake.env_config.size=3"]  # 3x3 lakes: the tiny agent wins some
+_EMBODIED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+             "actor_rollout_ref.embodied.env.max_steps=24"]
+WORKFLOWS = {
+    # FrozenLake episodes, scores standardized over the whole batch (every worker's rows)
+    "agentic_grpo": ("agentic_frozenlake.yaml", [
+        *_AGENTIC, "env_manager.reward_normalization.grouping=batch",
+        "env_manager.reward_normalization.method=mean_std"]),
+    # PPO with a critic on each turn (step rows: as many as the episodes took turns, padded
+    # to the same count on every worker; one mini-batch of them all, as for episode rows)
+    "agentic_gae_step": ("agentic_frozenlake.yaml", [
+        *_AGENTIC, "algorithm.adv_estimator=gae", "env_manager.mode=step"]),
+    # SRPO on one task: each worker plays one group of it, so a failure's progress reward
+    # depends on the other worker's successes
+    "embodied_srpo": ("embodied_srpo.yaml", [
+        *_EMBODIED, "actor_rollout_ref.embodied.env.env_name=reach_red"]),
+    # GRPO on the preset's four tasks, groups filtered by success rate
+    "embodied_grpo": ("embodied_grpo.yaml", [*_EMBODIED, "data.train_batch_size=4",
+                                             "actor_rollout_ref.actor.ppo_mini_batch_size=4"]),
+}
+
+
 def _marft_workflow(out: str) -> str:
     path = Path(out) / "workflow_marft_tp1.yaml"
     text = MARFT.read_text()
@@ -61,9 +94,16 @@ def _marft_workflow(out: str) -> str:
 
 
 def overrides(name: str, world: int, out: str) -> list:
+    workers = [f"trainer.n_gpus_per_node={world}", f"trainer.default_local_dir={out}/{name}.run"]
+    if name in WORKFLOWS:
+        return [*TWO_STEPS, *WORKFLOWS[name][1], *workers]
     extra = [f"dag.workflow_path={_marft_workflow(out)}"] if name == "gae_marft" else []
-    return [*SMALL, f"algorithm.adv_estimator={name}", *RUNS[name], *extra,
-            f"trainer.n_gpus_per_node={world}", f"trainer.default_local_dir={out}/{name}.run"]
+    return [*SMALL, f"algorithm.adv_estimator={name}", *RUNS[name], *extra, *workers]
+
+
+def preset(name: str):
+    """The configs/ file a run starts from (None: the defaults)."""
+    return str(ROOT / "configs" / WORKFLOWS[name][0]) if name in WORKFLOWS else None
 
 
 def _train(name: str, rank: int, world: int, out: str, port: int) -> list:
@@ -71,7 +111,7 @@ def _train(name: str, rank: int, world: int, out: str, port: int) -> list:
     from siirl.execution.scheduler.task_scheduler import TaskScheduler
     from siirl.launch.config import load_config
 
-    config = load_config(overrides(name, world, out))
+    config = load_config(overrides(name, world, out), preset(name))
     graph = load_pipeline(config)
     if world == 1:
         from siirl.dag_worker.dagworker import DAGWorker

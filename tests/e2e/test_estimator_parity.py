@@ -7,6 +7,12 @@ reinforce_plus_plus, reinforce_plus_plus_baseline; GPG's alpha; CPGD's B / m) an
 ``SIIRL_PARITY=all`` (``nox -s parity``) runs every registered one, MARFT's gae_marft on
 siiRL's multi-agent workflow file included. Each world size trains its estimators one
 after another in the same processes (``siirl_estimator_parity.py``).
+
+The AGENTIC and EMBODIED workflows too (``WORKFLOWS``), their episode, reward and sampling
+statistics compared as well: by default GRPO on FrozenLake episodes with scores
+standardized over the batch, PPO on turn rows, and SRPO on one embodied task (a failure's
+progress reward then depends on the other worker's successes, and some failure earns one);
+``SIIRL_PARITY=all`` adds embodied GRPO on four tasks.
 """
 
 import json
@@ -21,14 +27,20 @@ from siirl.dag_worker.core_algos import registered_adv_estimators
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from siirl_estimator_parity import RUNS  # noqa: E402
+from siirl_estimator_parity import RUNS, WORKFLOWS  # noqa: E402
 
 TOL = 1e-5
 FAST = ["grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg", "cpgd"]
-NAMES = sorted(RUNS) if os.environ.get("SIIRL_PARITY") == "all" else FAST
+FAST_WORKFLOWS = ["agentic_grpo", "agentic_gae_step", "embodied_srpo"]
+ALL = os.environ.get("SIIRL_PARITY") == "all"
+ESTIMATORS = sorted(RUNS) if ALL else FAST
+FLOWS = sorted(WORKFLOWS) if ALL else FAST_WORKFLOWS
+NAMES = ESTIMATORS + FLOWS
 # what must agree: every loss, gradient norm, advantage/return/value statistic and
-# response length; not timings, throughputs or the learning rate schedule
+# response length; not timings, throughputs or the learning rate schedule; for the
+# workflows also the episodes', rewards' and sampling filter's statistics
 COMPARED = ("actor/", "critic/", "response_length/")
+EPISODES = ("env/", "reward/", "embodied_sampling/")
 
 
 def _train(world, out):
@@ -47,21 +59,34 @@ def histories(tmp_path_factory):
 
 def test_every_registered_estimator_has_a_parity_run():
     assert sorted(registered_adv_estimators()) == sorted(RUNS)
-    assert set(FAST) <= set(RUNS)
+    assert set(FAST) <= set(RUNS) and set(FAST_WORKFLOWS) <= set(WORKFLOWS)
 
 
-def _compared(record):
+def _compared(record, prefixes=COMPARED):
     return {key: value for key, value in record.items()
             if isinstance(value, (int, float)) and "/lr" not in key
-            and any(key.startswith(p) or f"/{p}" in key for p in COMPARED)}
+            and any(key.startswith(p) or f"/{p}" in key for p in prefixes)}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", FLOWS)
+def test_two_workers_play_and_train_a_workflow_like_one(histories, name):
+    one = histories[0][name]
+    # every step trained on something: the comparison below is not of idle updates
+    assert all(r["actor/grad_norm"] > 0 for r in one), [r["actor/grad_norm"] for r in one]
+    if name == "embodied_srpo":  # some failure was scored against the batch's successes
+        assert any(r["reward/progress/count"] > 0 for r in one)
+    _assert_alike(name, one, histories[1][name], COMPARED + EPISODES)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
 def test_two_workers_train_like_one(histories, name):
-    one, two = histories[0][name], histories[1][name]
+    _assert_alike(name, histories[0][name], histories[1][name], COMPARED)
+
+
+def _assert_alike(name, one, two, prefixes):
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     for a, b in zip(one, two, strict=True):
-        want, got = _compared(a), _compared(b)
+        want, got = _compared(a, prefixes), _compared(b, prefixes)
         assert sorted(got) == sorted(want)
         assert any("grad_norm" in key for key in want) and \
             any("advantages/mean" in key for key in want)
