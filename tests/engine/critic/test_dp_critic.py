@@ -33,6 +33,7 @@ from siirl_numerics import (
     optimizer_settings,
     rounding,
     scale_of,
+    transformer_terms,
 )
 
 try:
@@ -97,7 +98,8 @@ def test_value_alignment_on_tiny_llama():
                           position_ids=args[2]).last_hidden_state
         want = model.value_head(hidden).squeeze(-1)[:, PROMPT - 1:PROMPT + RESPONSE - 1]
     assert values.shape == (4, RESPONSE) and values.dtype == torch.float32
-    assert torch.allclose(values, want, atol=1e-6)
+    assert_close(values, want, rounding(torch.float32, transformer_terms(
+        lm.config, PROMPT + RESPONSE), scale_of(want), want.numel()), "values")
     # values[:, t] is read where token t is predicted: it sees response tokens < t only
     changed = args[0].clone()
     changed[0, PROMPT + 2] = (changed[0, PROMPT + 2] + 1) % 32
@@ -124,7 +126,8 @@ def test_engine_on_builtin_model_is_deterministic_and_masked():
     assert torch.equal(values, engine.compute_values(batch.clone()).batch["values"])
     assert torch.all(values[batch["response_mask"] == 0] == 0)
     whole = engine.critic.compute_values(batch)  # one forward per micro-batch: the same
-    assert torch.allclose(values, whole, atol=1e-6)
+    assert_close(values, whole, rounding(torch.float32, transformer_terms(
+        lm.config, PROMPT + RESPONSE), scale_of(whole), whole.numel()), "values")
     assert set(out.metrics) == {"critic/values/mean"}
 
 
