@@ -242,7 +242,12 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
         local = make_batch({k: v[rank * rows:(rank + 1) * rows]
                             for k, v in inputs["batch"].items()})
         local = ref.compute_ref_log_prob(local).batch
-        assert torch.allclose(local["ref_log_prob"], local["old_log_probs"], atol=1e-5)
+        from siirl_numerics import assert_close, rounding, scale_of
+
+        want = local["old_log_probs"]
+        assert_close(local["ref_log_prob"], want, rounding(
+            torch.float32, tiny_torch_terms(rows), scale_of(want), want.numel()),
+            "ref_log_prob")
         metrics = engine.update_policy(local).metrics
         grads = {n: p.grad.full_tensor() if sharded else p.grad
                  for n, p in engine.module.named_parameters()}
