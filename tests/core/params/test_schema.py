@@ -16,6 +16,7 @@ ROOT_GROUPS = [
     "critic",
     "reward_model",
     "custom_reward_function",
+    "reward_manager",
     "trainer",
     "dag",
     "profiler",

@@ -17,6 +17,7 @@ import inspect
 from typing import Any, Dict, Iterable, Tuple
 
 from siirl.dag_worker.engine_api import ROLE_PROTOCOLS
+from siirl.dag_worker.reward_manager_file import register_file_reward_manager
 from siirl.errors import PluginNotFoundError
 from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole, NodeType
@@ -86,6 +87,10 @@ class WorkerEngines:
 
     def plugin_name(self, role: str) -> Tuple[str, str, str]:
         group, key, fallback = ROLE_SOURCES[role]
+        if role == "reward":  # reward_manager.source=importlib: the user's class, registered
+            loaded = register_file_reward_manager(self.config)
+            if loaded:
+                return group, loaded, "reward_manager.name"
         name = select(self.config, key)
         if not name and fallback:
             name, key = select(self.config, fallback), fallback

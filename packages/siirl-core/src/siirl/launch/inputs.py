@@ -19,6 +19,7 @@ from siirl.execution.config_select import select
 
 FILE_KEYS = ("data.train_files", "data.val_files", "custom_reward_function.path")
 MODEL_KEY = "actor_rollout_ref.model.path"
+MANAGER_FILE_KEY = "reward_manager.module.path"  # read with reward_manager.source=importlib
 
 
 def _paths(value: Any) -> Iterable[str]:
@@ -35,10 +36,21 @@ def _is_local(model: str) -> bool:
     return model.startswith(("/", "~", ".", "$")) or model.endswith(".gguf")
 
 
+def _reward_manager_file(config: Any) -> str:
+    """The file a reward manager class is loaded from ('' for none, or a pkg:// module)."""
+    path = str(select(config, MANAGER_FILE_KEY) or "")
+    if select(config, "reward_manager.source") != "importlib" or path.startswith("pkg://"):
+        return ""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
 def missing_inputs(config: Any) -> List[str]:
     """``key=path`` for every named input file or model directory that does not exist."""
     missing = [f"{key}={path}" for key in FILE_KEYS for path in _paths(select(config, key))
                if not Path(path).expanduser().is_file()]
+    manager_file = _reward_manager_file(config)
+    if manager_file and not Path(manager_file).expanduser().is_file():
+        missing.append(f"{MANAGER_FILE_KEY}={manager_file}")
     model = select(config, MODEL_KEY)
     if model is not None and _is_local(str(model)) and \
             not Path(os.path.expandvars(str(model))).expanduser().exists():

@@ -38,8 +38,12 @@ from siirl.params.reward_args import (
     CustomRewardFunctionArguments,
     GenerativeJudgeArguments,
     OverlongBufferArguments,
+    RewardLoopRolloutArguments,
+    RewardManagerArguments,
+    RewardManagerModuleArguments,
     RewardModelArguments,
     RewardModelModelArguments,
+    RewardModelProfilerArguments,
     SandboxFusionArguments,
 )
 from siirl.params.training_args import (
@@ -64,6 +68,7 @@ class SiiRLArguments:
     custom_reward_function: CustomRewardFunctionArguments = field(
         default_factory=CustomRewardFunctionArguments
     )
+    reward_manager: RewardManagerArguments = field(default_factory=RewardManagerArguments)
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
     profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
@@ -114,8 +119,12 @@ __all__ = [
     "PolicyLossArguments",
     "ProfilerArguments",
     "RefArguments",
+    "RewardLoopRolloutArguments",
+    "RewardManagerArguments",
+    "RewardManagerModuleArguments",
     "RewardModelArguments",
     "RewardModelModelArguments",
+    "RewardModelProfilerArguments",
     "RewardNormalizationArguments",
     "RolloutArguments",
     "SamplerArguments",

@@ -10,7 +10,12 @@ siiRL's implied settings.
 - ``algorithm.adv_estimator=cpgd`` turns on ``actor_rollout_ref.actor.use_cpgd_loss``, as
   siiRL's launcher does;
 - verl's ``trainer.profile_steps`` (a list of steps) turns on ``profiler.enable`` for
-  ``profiler.profile_steps`` = those steps.
+  ``profiler.profile_steps`` = those steps;
+- verl's ``reward_manager.name`` (its newer spelling of ``reward_model.reward_manager``, which
+  it still reads) -> ``reward_model.reward_manager``, the manager the reward role builds;
+  with ``reward_manager.source=importlib`` it is the class loaded from
+  ``reward_manager.module.path`` (``siirl.dag_worker.reward_manager_file``). The two set to
+  different managers is a conflict.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from typing import List
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from siirl.params.reward_args import RewardModelArguments
+
 KWARGS = "reward_model.reward_kwargs"
 OVERLONG = "reward_model.overlong_buffer"
+MANAGER, LEGACY_MANAGER = "reward_manager", "reward_model.reward_manager"
 
 
 def apply_aliases(cfg: DictConfig) -> List[str]:
@@ -31,10 +39,10 @@ def apply_aliases(cfg: DictConfig) -> List[str]:
     if steps:
         OmegaConf.update(cfg, "profiler.enable", True)
         OmegaConf.update(cfg, "profiler.profile_steps", list(steps), merge=False)
+    problems = _reward_manager_choice(cfg)
     kwargs = OmegaConf.select(cfg, KWARGS)
     if not isinstance(kwargs, DictConfig):
-        return []
-    problems: List[str] = []
+        return problems
     with open_dict(cfg):
         buffer_cfg = kwargs.pop("overlong_buffer_cfg", None)
         if buffer_cfg is not None:
@@ -56,3 +64,35 @@ def apply_aliases(cfg: DictConfig) -> List[str]:
                             f"data.max_response_length={limit}: the overlong penalty counts "
                             "from data.max_response_length here; set the two equal")
     return problems
+
+
+def _reward_manager_choice(cfg: DictConfig) -> List[str]:
+    """``reward_manager.name`` set (not following ``reward_model.reward_manager`` by its
+    default interpolation) becomes ``reward_model.reward_manager``."""
+    section = OmegaConf.select(cfg, MANAGER)
+    if not isinstance(section, DictConfig):
+        return []
+    importlib_source = section.get("source") == "importlib"
+    named = not OmegaConf.is_interpolation(section, "name")
+    problems: List[str] = []
+    if importlib_source and not named:
+        problems.append(f"{MANAGER}.source=importlib needs {MANAGER}.name: the class to load "
+                        f"from {MANAGER}.module.path")
+    if importlib_source and not OmegaConf.select(cfg, f"{MANAGER}.module.path"):
+        problems.append(f"{MANAGER}.source=importlib needs {MANAGER}.module.path: the Python "
+                        f"file (or pkg://module) holding the class {MANAGER}.name")
+    if not named:
+        return problems
+    name = section.get("name")
+    legacy = OmegaConf.select(cfg, LEGACY_MANAGER)
+    if legacy not in (_LEGACY_DEFAULT, name):
+        what = "the class to load" if importlib_source else "the same choice"
+        problems.append(f"{MANAGER}.name={name!r} and {LEGACY_MANAGER}={legacy!r} name two "
+                        f"reward managers ({MANAGER}.name is verl's newer key for {what}): "
+                        "set one of them")
+    elif name:
+        OmegaConf.update(cfg, LEGACY_MANAGER, name)
+    return problems
+
+
+_LEGACY_DEFAULT = RewardModelArguments().reward_manager

@@ -65,15 +65,19 @@ OFFLOAD_ON_CPU = ("CPU offload (FSDP2's CPUOffloadPolicy) moves parameters, grad
                   "CPU (trainer.device=cpu, or auto where no GPU is visible), so there is "
                   "nothing to offload: leave it false.")
 _MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
-                     "state stay on the GPU (strategy=fsdp offloads with fsdp_config."
-                     "param_offload).")
+                     "state stay on the GPU (on a GPU run strategy=fsdp offloads with "
+                     "fsdp_config.param_offload; a CPU run has nothing to offload).")
 _ULYSSES = "ulysses_sequence_parallel_size"
 _NO_MEGATRON_PACKING = (
     "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
     "take padded micro-batches (megatron's own THD packing is not wired up); with "
     "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
 _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-             "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel")
+             "virtual_pipeline_model_parallel_size", "sequence_parallel")
+# refused for every role by the validation pass (constraints.megatron_size_problems) and the
+# megatron engine: no rule may suggest it
+_NO_CONTEXT_PARALLEL = ("context parallelism is not supported by this release (it needs "
+                        "Transformer Engine's attention)")
 
 
 def _fsdp_rules(prefix: str, strategy_key: str, has_optimizer: bool) -> List[Rule]:
@@ -102,6 +106,12 @@ def _megatron_rules(prefix: str, strategy_key: str, role: str) -> List[Rule]:
             _refused(tuple(f"{prefix}.{k}" for k in _MIRRORED), "set it under actor.megatron",
                      f"the {role} runs in the actor's megatron parallel state: set the same "
                      f"key under {ACTOR}.megatron instead.", differs_from_actor),
+            _refused(f"{prefix}.context_parallel_size", "context parallelism is not supported",
+                     f"{_NO_CONTEXT_PARALLEL}; the {role} runs in the actor's megatron "
+                     "parallel state: leave it at 1 and split the model with "
+                     f"{ACTOR}.megatron.tensor_model_parallel_size (with sequence_parallel="
+                     "true) and pipeline_model_parallel_size.",
+                     lambda config, key: get(config, key) != 1),
             _na(f"{prefix}.use_distributed_optimizer", "no effect for this role",
                 f"the {role} does not use megatron's distributed optimizer."),
         ]
@@ -269,14 +279,16 @@ RULES: Tuple[Rule, ...] = (
          "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
         "token budgets only act with the matching use_dynamic_bsz=true.", budget_unused),
     _refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "Ulysses runs on the fsdp strategy",
-             "Ulysses sequence parallelism splits sequences of the fsdp engines; megatron has "
-             "its own: actor_rollout_ref.actor.megatron.context_parallel_size (or "
-             "tensor_model_parallel_size with sequence_parallel=true).",
+             "Ulysses sequence parallelism splits sequences of the fsdp engines; megatron "
+             "splits them with actor_rollout_ref.actor.megatron.tensor_model_parallel_size "
+             f"and sequence_parallel=true ({_NO_CONTEXT_PARALLEL}).",
              lambda config, key: str(get(config, f"{key.rsplit('.', 1)[0]}.strategy"))
              == "megatron"),
     _refused("critic.ulysses_sequence_parallel_size", "Ulysses runs on the fsdp strategy",
              "Ulysses sequence parallelism splits sequences of the fsdp engines; a megatron "
-             "critic uses the actor's megatron parallel state (context_parallel_size).",
+             "critic runs in the actor's megatron parallel state, whose sequences "
+             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size with "
+             "sequence_parallel=true splits.",
              strategy_is("critic.strategy", megatron=True)),
     _refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "needs use_remove_padding=true",
              "Ulysses sequence parallelism splits packed rows: set "
@@ -480,12 +492,26 @@ RULES: Tuple[Rule, ...] = (
              "RewardManagerBase, run_single on a DataProto), which cannot run here; choose a "
              "registered manager with reward_model.reward_manager (naive, batch, parallel, "
              "dapo, or a package's siirl.reward_managers entry point) and a scoring function "
-             "with custom_reward_function.path; leave this key at register.",
+             "with custom_reward_function.path, or load a manager class written for this "
+             "release from a file with reward_manager.source=importlib "
+             "(reward_manager.module.path, reward_manager.name); leave this key at register.",
              lambda config, key: str(get(config, key)) != "register"),
     _na(("reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name"),
         "no effect unless reward_loop_source=importlib",
         "verl reads them with reward_model.reward_loop_source=importlib only (refused here: "
         "reward managers are registered plugins)."),
+    # -- verl's reward_manager section: reward_manager.source and .name are read
+    #    (siirl.params.aliases, siirl.dag_worker.reward_manager_file)
+    _na(("reward_manager.module.path", "reward_manager.module.name"),
+        "no effect unless reward_manager.source=importlib",
+        "reward_manager.module.* name the file a manager class is loaded from with "
+        "reward_manager.source=importlib (as in verl); with source=register, "
+        "reward_manager.name picks an installed manager.",
+        lambda config, key: get(config, "reward_manager.source") != "importlib"),
+    _na("reward_manager.module.name", "no effect with a pkg:// module",
+        "a pkg:// module is imported under its own dotted name (as in verl).",
+        lambda config, key: str(get(config, "reward_manager.module.path") or "")
+        .startswith("pkg://")),
     _na("reward_model.profiler.*", "no effect: one profiler for the step",
         "verl profiles each role on its own; here profiler.enable (profiler.profile_steps, "
         "or verl's trainer.profile_steps) traces whole steps, the reward nodes included."),

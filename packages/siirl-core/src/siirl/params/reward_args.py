@@ -177,6 +177,43 @@ class RewardModelArguments:
 
 
 @dataclass
+class RewardManagerModuleArguments:
+    """verl's ``reward_manager.module``: the file a reward manager class is loaded from."""
+
+    path: str | None = field(
+        default=None, metadata={"help": "Python file holding the class reward_manager.name "
+                                        "(file://... or a plain path), or pkg://dotted.module "
+                                        "(read with reward_manager.source=importlib)."}
+    )
+    name: str | None = field(
+        default="custom_reward_manager",
+        metadata={"help": "The name the file's module gets in sys.modules, so other code can "
+                          "import it by that name (null: a name of its own)."}
+    )
+
+
+@dataclass
+class RewardManagerArguments:
+    """Which reward manager scores the rows (verl's ``reward_manager`` section): one
+    registered by name, or a class of your own loaded from a file."""
+
+    source: str = field(
+        default="register",
+        metadata={"help": "'register': reward_manager.name is an installed manager (naive, "
+                          "batch, parallel, dapo, embodied, or a siirl.reward_managers entry "
+                          "point); 'importlib': the class reward_manager.name in "
+                          "reward_manager.module.path."}
+    )
+    name: str = field(
+        default="${reward_model.reward_manager}",
+        metadata={"help": "The manager (source=register; verl's newer spelling of "
+                          "reward_model.reward_manager) or its class name (source=importlib)."}
+    )
+    module: RewardManagerModuleArguments = field(
+        default_factory=RewardManagerModuleArguments)
+
+
+@dataclass
 class CustomRewardFunctionArguments:
     """User reward function: Python file path, function name and extra kwargs."""
 

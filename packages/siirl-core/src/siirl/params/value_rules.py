@@ -155,6 +155,7 @@ RULES: Tuple[ValueRule, ...] = (
     one_of(("error", "warn"), "algorithm.filter_groups.on_exhausted"),
     one_of(("discriminative", "generative"), "reward_model.style"),
     one_of(("rollout", "model"), "reward_model.judge.source"),
+    one_of(("register", "importlib"), "reward_manager.source"),
     # -- keys typed Any in the schema
     _rule(("data.train_files", "data.val_files"), _paths,
           "must be a file path or a list of file paths (or null: the built-in task)"),
@@ -183,4 +184,5 @@ REGISTRIES = (
 )
 # keys naming user code, imported before the registries are read
 USER_CODE_KEYS = ("dag.custom_pipeline_fn", "dag.workflow_path", "dag.pipeline",
-                  "custom_reward_function.path", "actor_rollout_ref.model.external_lib")
+                  "custom_reward_function.path", "actor_rollout_ref.model.external_lib",
+                  "reward_manager.module.path")
