@@ -18,7 +18,10 @@ verl's format (checked against volcengine/verl
 
 A class of your own is built as ``cls(config=..., tool_schema=...)`` and called as
 ``execute(arguments: dict) -> str`` (a coroutine, or a ``(text, ...)`` tuple as verl's
-tools return, is accepted too). Whatever a tool does wrong (raises, times out, gets bad
+tools return, is accepted too); a subclass of siiRL's ``BaseTool``
+(``siirl.execution.rollout_flow.multiturn.tools.base_tool``, stateful: ``instances``) gets
+the ``tool_schema`` as its ``OpenAIFunctionToolSchema``, through the class's
+``validate_tool_schema``. Whatever a tool does wrong (raises, times out, gets bad
 arguments, or is not there) comes back as the tool message's text: it never ends the run.
 """
 
@@ -230,7 +233,9 @@ def load_tools(path: Optional[str], sandbox_fusion: Optional[Dict[str, Any]] = N
             raise ConfigError(f"{where}: tools[{k}].tool_schema must be an OpenAI function "
                               "schema {type: function, function: {name, description, "
                               "parameters}}")
-        tool = cls(config=config, tool_schema=schema)
+        validate = getattr(cls, "validate_tool_schema", None)  # siiRL's BaseTool: a model
+        tool = cls(config=config, tool_schema=validate(schema) if schema is not None and
+                   callable(validate) else schema)
         if not getattr(tool, "schema", None):
             tool.schema = dict(schema or {})
         tool.name = getattr(tool, "name", "") or str(

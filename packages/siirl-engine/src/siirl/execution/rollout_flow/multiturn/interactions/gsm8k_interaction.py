@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from siirl.execution.rollout_flow.multiturn.gsm8k_state import AnswerStates
+from siirl.execution.rollout_flow.multiturn.interactions.base import BaseInteraction
 
 RIGHT = "Your response is correct!"
 WRONG = "Your response is incorrect! You need to reflect on your answer and try again."
 
 
-class Gsm8kInteraction:
+class Gsm8kInteraction(BaseInteraction):
     def __init__(self, config: Optional[Dict[str, Any]] = None):
-        self.config = dict(config or {})
-        self.name = self.config.get("name", "gsm8k")
+        super().__init__({"name": "gsm8k", **(config or {})})
         self._answers = AnswerStates()
 
     async def start_interaction(self, instance_id: Optional[str] = None,

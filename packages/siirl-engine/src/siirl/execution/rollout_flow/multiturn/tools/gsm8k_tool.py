@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from siirl.execution.rollout_flow.multiturn.gsm8k_state import AnswerStates
+from siirl.execution.rollout_flow.multiturn.tools.base_tool import BaseTool
+from siirl.execution.rollout_flow.multiturn.tools.schemas import OpenAIFunctionToolSchema
 
 _DEFAULT_SCHEMA = {"type": "function", "function": {
     "name": "calc_gsm8k_reward",
@@ -22,17 +24,14 @@ _DEFAULT_SCHEMA = {"type": "function", "function": {
 NO_GAIN_PENALTY = -0.05
 
 
-class Gsm8kTool:
+class Gsm8kTool(BaseTool):
     def __init__(self, config: Optional[Dict[str, Any]] = None, tool_schema: Any = None):
-        self.config = dict(config or {})
-        schema = tool_schema if tool_schema is not None else _DEFAULT_SCHEMA
-        self.schema = schema.model_dump() if hasattr(schema, "model_dump") else dict(schema)
-        self.tool_schema = self.schema
-        self.name = str(self.schema.get("function", {}).get("name", "calc_gsm8k_reward"))
+        super().__init__(dict(config or {}), tool_schema)
         self._answers = AnswerStates()
 
-    def get_openai_tool_schema(self) -> Dict[str, Any]:
-        return self.schema
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        """The config file's schema, else siiRL's default one."""
+        return getattr(self, "tool_schema", None) or self.validate_tool_schema(_DEFAULT_SCHEMA)
 
     async def create(self, instance_id: Optional[str] = None, ground_truth: Any = None,
                      **kwargs: Any) -> str:
