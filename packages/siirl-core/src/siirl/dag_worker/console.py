@@ -75,7 +75,9 @@ def format_line(step: int, metrics: Dict[str, float], keys: List[str],
             shown.append(f"{key}={metrics[key]:.4g}" + (f"/{total:.4g}" if _shown(total)
                                                           else ""))
     if not validation:
-        own = [k for k in sorted(custom) if k not in wanted and _shown(metrics.get(k))]
+        # siiRL's own names stay under the rules above (KL only when on), whoever logs them
+        own = [k for k in sorted(custom) if k not in STEP_KEYS and k not in OUT_OF.values()
+               and _shown(metrics.get(k))]
         shown += [f"{k}={metrics[k]:.4g}" for k in own[:CUSTOM_SHOWN]]
     if not shown:  # a workflow of unknown metrics: its first ones by name
         shown = [f"{k}={v:.4g}" for k, v in sorted(metrics.items())[:8] if _shown(v)]
