@@ -208,3 +208,51 @@ def test_shared_loader_needs_drop_last():
     with pytest.raises(DataError, match="drop_last"):
         StatefulDataLoader(_items(8), batch_size=2, pad_token_id=0, drop_last=False, rank=0,
                            num_ranks=2)
+
+
+@pytest.mark.parametrize("mini_batches,num_ranks", [(2, 2), (4, 2), (2, 4), (3, 2), (6, 4)])
+def test_each_rank_takes_its_share_of_every_mini_batch(mini_batches, num_ranks):
+    """With m mini-batches a rank's k-th contiguous run of batch_size / m rows is its part of
+    the 1-rank loader's k-th mini-batch; the ranks' k-th runs together are exactly it."""
+    ds, batch = _items(72), 24
+    whole = StatefulDataLoader(ds, batch_size=batch, pad_token_id=0, seed=5)
+    ranks = [StatefulDataLoader(ds, batch_size=batch // num_ranks, pad_token_id=0, seed=5,
+                                rank=r, num_ranks=num_ranks, mini_batches=mini_batches)
+             for r in range(num_ranks)]
+    mini, share = batch // mini_batches, batch // mini_batches // num_ranks
+    for _ in range(2):  # two epochs
+        for big, *parts in zip(whole, *ranks, strict=True):
+            ids = big["sample_id"].tolist()
+            for k in range(mini_batches):
+                union = [i for part in parts
+                         for i in part["sample_id"].tolist()[k * share:(k + 1) * share]]
+                assert union == ids[k * mini:(k + 1) * mini]
+            assert sorted(sum((_indices(p) for p in parts), [])) == sorted(_indices(big))
+
+
+def test_one_rank_with_mini_batches_loads_the_plain_order():
+    plain = StatefulDataLoader(_items(24), batch_size=8, pad_token_id=0, seed=2)
+    chunked = StatefulDataLoader(_items(24), batch_size=8, pad_token_id=0, seed=2,
+                                 mini_batches=4)
+    assert _epoch_order(plain) == _epoch_order(chunked)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_resume_with_mini_batches(k):
+    """A restored rank of a chunked loader continues with the batches an uninterrupted one
+    would have yielded (the state is the same {epoch, batches_done, seed})."""
+    make = lambda: StatefulDataLoader(_items(40), batch_size=4, pad_token_id=0, seed=9,  # noqa: E731
+                                      rank=1, num_ranks=2, mini_batches=2)
+    reference = _take(make(), 8)
+    first = make()
+    _take(first, k)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    for want, got in zip(reference[k:], _take(resumed, 8 - k), strict=True):
+        _same(want, got)
+
+
+def test_mini_batches_must_split_into_whole_rank_shares():
+    with pytest.raises(DataError, match="3 mini-batches"):
+        StatefulDataLoader(_items(40), batch_size=4, pad_token_id=0, rank=0, num_ranks=2,
+                           mini_batches=3)

@@ -52,6 +52,17 @@ RUNS = {
 }
 
 
+# several optimizer steps per training step: each step's 4 prompts in 2 mini-batches of 2
+# (the loader gives each worker its share of every mini-batch, so the rows of 1 worker's
+# k-th mini-batch are those of the 2 workers' k-th); name -> (estimator, its settings)
+MINI_BATCH_RUNS = {
+    "grpo_two_mini_batches": ("grpo", ["actor_rollout_ref.actor.ppo_mini_batch_size=2"]),
+    # the critic's mini-batches too
+    "gae_two_mini_batches": ("gae", ["actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                     "critic.ppo_mini_batch_size=2"]),
+}
+
+
 # the runs of the other workflows: name -> (preset under configs/, its settings)
 TWO_STEPS = ["trainer.total_training_steps=2", "trainer.logger=[]",
              "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
@@ -97,6 +108,10 @@ def overrides(name: str, world: int, out: str) -> list:
     workers = [f"trainer.n_gpus_per_node={world}", f"trainer.default_local_dir={out}/{name}.run"]
     if name in WORKFLOWS:
         return [*TWO_STEPS, *WORKFLOWS[name][1], *workers]
+    if name in MINI_BATCH_RUNS:
+        estimator, split = MINI_BATCH_RUNS[name]
+        return [*SMALL, f"algorithm.adv_estimator={estimator}", *RUNS[estimator], *split,
+                *workers]
     extra = [f"dag.workflow_path={_marft_workflow(out)}"] if name == "gae_marft" else []
     return [*SMALL, f"algorithm.adv_estimator={name}", *RUNS[name], *extra, *workers]
 

@@ -13,6 +13,10 @@ statistics compared as well: by default GRPO on FrozenLake episodes with scores
 standardized over the batch, PPO on turn rows, and SRPO on one embodied task (a failure's
 progress reward then depends on the other worker's successes, and some failure earns one);
 ``SIIRL_PARITY=all`` adds embodied GRPO on four tasks.
+
+Several optimizer steps per training step too (``MINI_BATCH_RUNS``, by default): GRPO and
+PPO/GAE with each step's prompts in 2 PPO mini-batches, which the dataloader lays out so
+that the 2 workers' k-th local mini-batches are together 1 worker's k-th.
 """
 
 import json
@@ -27,13 +31,13 @@ from siirl.dag_worker.core_algos import registered_adv_estimators
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from siirl_estimator_parity import RUNS, WORKFLOWS  # noqa: E402
+from siirl_estimator_parity import MINI_BATCH_RUNS, RUNS, WORKFLOWS  # noqa: E402
 
 TOL = 1e-5
 FAST = ["grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg", "cpgd"]
 FAST_WORKFLOWS = ["agentic_grpo", "agentic_gae_step", "embodied_srpo"]
 ALL = os.environ.get("SIIRL_PARITY") == "all"
-ESTIMATORS = sorted(RUNS) if ALL else FAST
+ESTIMATORS = (sorted(RUNS) if ALL else FAST) + sorted(MINI_BATCH_RUNS)
 FLOWS = sorted(WORKFLOWS) if ALL else FAST_WORKFLOWS
 NAMES = ESTIMATORS + FLOWS
 # what must agree: every loss, gradient norm, advantage/return/value statistic and

@@ -154,6 +154,30 @@ def test_the_critic_is_checked_when_it_runs_and_named_once():
     assert len(problems) == 1 and problems[0].startswith(f"{A}.ppo_mini_batch_size=0")
 
 
+def test_each_worker_loads_whole_prompts_of_every_mini_batch():
+    """N workers train like one with several mini-batches per step only if each worker
+    loads an equal share of every mini-batch (siirl.params.mini_batch_layout)."""
+    two = ["trainer.n_gpus_per_node=2", "data.train_batch_size=4", f"{R}.n=2"]
+    problems, _ = problems_of(*two, f"{A}.ppo_mini_batch_size=1")
+    assert problems == [f"{A}.ppo_mini_batch_size=1 does not split evenly over the 2 workers "
+                        "that load prompts (2 = trainer.nnodes x trainer.n_gpus_per_node): "
+                        "each worker loads an equal share of every PPO mini-batch, so that N "
+                        "workers train each optimizer step on the same rows as one worker; "
+                        "use a mini-batch size that is a multiple of 2"]
+    # a training critic's mini-batches count too: runs of gcd(2, 3) = 1 prompt
+    problems, _ = problems_of("trainer.n_gpus_per_node=2", "data.train_batch_size=6", f"{R}.n=2",
+                              "algorithm.adv_estimator=gae", f"{A}.ppo_mini_batch_size=2",
+                              "critic.ppo_mini_batch_size=3")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"{A}.ppo_mini_batch_size=2 and critic.ppo_mini_batch_size=3 cut each step into runs "
+        "of 1 prompts (their gcd), which do not split evenly over the 2 workers")
+    parse_config([*two, f"{A}.ppo_mini_batch_size=2"], validate=True)  # 1 prompt each
+    parse_config([*two[1:], f"{A}.ppo_mini_batch_size=1"], validate=True)  # one worker
+    # dynamic sampling loads data.gen_batch_size prompts a round: no layout to keep
+    parse_config([*two, f"{A}.ppo_mini_batch_size=1", "algorithm.workflow_type=DAPO",
+                  "algorithm.filter_groups.enable=true"], validate=True)
+
+
 def test_megatron_groups_must_divide_the_workers():
     megatron = [f"{A}.strategy=megatron", f"{A}.megatron.pipeline_model_parallel_size=2"]
     parse_config(megatron + ["trainer.n_gpus_per_node=2"], validate=True)

@@ -1,5 +1,6 @@
-"""Each worker's dataloaders: its slice of every global training batch, and its share of
-the validation set (round-robin rows; validation metrics are combined over all workers).
+"""Each worker's dataloaders: its slice of every global training batch (its share of each
+PPO mini-batch, ``siirl.params.mini_batch_layout``), and its share of the validation set
+(round-robin rows; validation metrics are combined over all workers).
 
 With ``data.train_files``/``data.val_files`` unset, the built-in arithmetic task is written
 as parquet under ``<trainer.default_local_dir>/data/`` (once) and read from there, so the
@@ -13,6 +14,7 @@ from typing import Any, Optional, Tuple
 
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.params.mini_batch_layout import loader_mini_batches
 
 BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE = 2000, 200
 
@@ -60,7 +62,11 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     # (see StatefulDataLoader), so the run does not depend on the number of workers.
     train_set = PartitionedDataset(train_files, tokenizer, data_cfg, 0, 1)
     seed = int(select(config, "data.seed", 1))
+    # each worker's share of every PPO mini-batch: its k-th local mini-batch is then its
+    # part of one worker's k-th
+    mini_batches = loader_mini_batches(config)
     if dynamic_sampling(config):  # a generation round takes data.gen_batch_size prompts
+        mini_batches = 1
         global_batch = int(select(config, "data.gen_batch_size", None) or global_batch)
         if global_batch % world_size:
             raise ConfigError(f"data.gen_batch_size={global_batch} must be divisible by the "
@@ -68,7 +74,7 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     train_loader = StatefulDataLoader(
         train_set, batch_size=global_batch // world_size, pad_token_id=tokenizer.pad_token_id,
         shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True,
-        rank=rank, num_ranks=world_size)
+        rank=rank, num_ranks=world_size, mini_batches=mini_batches)
     val_loader = None
     if val_files:
         val_set = PartitionedDataset(val_files, tokenizer, data_cfg, rank, world_size)

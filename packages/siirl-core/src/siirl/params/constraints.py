@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional
 from omegaconf import OmegaConf
 
 from siirl.errors import ConfigError
+from siirl.params.mini_batch_layout import critic_trains, mini_batch_share_problems
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _OVERLONG = "reward_model.overlong_buffer"
@@ -111,7 +112,7 @@ def _fsdp_roles(config: Any) -> List[tuple]:
     roles = [(A, f"{A}.strategy")]
     if _get(config, f"{A}.use_kl_loss") or _get(config, "algorithm.use_kl_in_reward"):
         roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref.strategy"))
-    if _critic_runs(config):
+    if critic_trains(config):
         roles.append(("critic", "critic.strategy"))
     return [(role, strategy) for role, strategy in roles if _get(config, strategy) != "megatron"]
 
@@ -224,16 +225,9 @@ def _role_batches(config: Any, prefix: str, check_mini: bool = True) -> List[str
     return []
 
 
-def _critic_runs(config: Any) -> bool:
-    enable = _get(config, "critic.enable")
-    if enable is not None:
-        return bool(enable)
-    return str(_get(config, "algorithm.adv_estimator")).lower() == "gae"
-
-
 def _update_batches(config: Any) -> List[str]:
     problems = _role_batches(config, A)
-    if _critic_runs(config):
+    if critic_trains(config):
         # the critic's mini-batch follows the actor's by default: name it only when it differs
         same = _get(config, "critic.ppo_mini_batch_size") == \
             _get(config, f"{A}.ppo_mini_batch_size")
@@ -318,6 +312,7 @@ CHECKS: List[Callable[[Any], List[str]]] = [
     _sequence_parallel_fits,
     _fsdp_sharding_fits,
     _update_batches,
+    mini_batch_share_problems,
     _context_fits,
     _overlong_buffer_fits,
     _ordered(f"{A}.policy_loss.clip_cov_lb", f"{A}.policy_loss.clip_cov_ub",

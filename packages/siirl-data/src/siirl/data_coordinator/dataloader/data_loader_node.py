@@ -6,9 +6,14 @@ after ``k`` batches rebuilds the same permutation and skips the first ``k`` batc
 yielding exactly what an uninterrupted loader would have yielded next.
 
 With ``num_ranks`` workers, every worker builds the same epoch permutation of the whole
-dataset and takes its slice of each global batch (``rank``-th run of ``batch_size`` rows
-out of ``batch_size * num_ranks``). The global batch, and so training, is then the same
-whatever the number of workers; each worker collates only its own rows. Each row carries
+dataset and takes its slice of each global batch. The global batch, and so training, is
+then the same whatever the number of workers; each worker collates only its own rows.
+With ``mini_batches`` m the global batch is cut into m equal consecutive chunks (the PPO
+mini-batches one worker would train on in turn) and a rank takes its ``rank``-th run of
+``batch_size / m`` rows out of each chunk: a worker that cuts its rows into m contiguous
+mini-batches then holds its share of the one-worker run's k-th mini-batch as its k-th, so
+N workers take the same optimizer steps on the same rows as one. m = 1 is the plain
+``rank``-th run of ``batch_size`` rows out of ``batch_size * num_ranks``. Each row carries
 ``sample_id`` (epoch * len(dataset) + position in the epoch's order): a key unique over the
 run and independent of the split, from which rollout noise and group ids are derived.
 """
@@ -71,16 +76,25 @@ class StatefulDataLoader:
     With ``drop_last`` the rows past the last full batch of that permutation are skipped
     for the epoch (and, for a dataset with ``min_rank_rows``, the batch count is taken
     from that, so ranks with uneven shares stay in step).
-    With ``num_ranks > 1`` a batch is this rank's slice of the global batch (see the module
-    docstring) and ``len()`` counts global batches.
+    With ``num_ranks > 1`` a batch is this rank's slice of the global batch (its share of
+    each of the ``mini_batches`` chunks: see the module docstring) and ``len()`` counts
+    global batches.
     Iterators share the loader's position, so only the newest ``iter()`` is live: an
     older one stops at its next step.
     """
 
     def __init__(self, dataset: Any, batch_size: int, pad_token_id: int, shuffle: bool = True,
-                 seed: int = 1, drop_last: bool = True, rank: int = 0, num_ranks: int = 1):
+                 seed: int = 1, drop_last: bool = True, rank: int = 0, num_ranks: int = 1,
+                 mini_batches: int = 1):
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        if mini_batches < 1 or batch_size % mini_batches:
+            # each rank takes an equal whole number of rows out of every chunk
+            raise DataError(
+                f"a global batch of {batch_size * num_ranks} rows cannot be cut into "
+                f"{mini_batches} mini-batches with an equal whole share for each of "
+                f"{num_ranks} ranks ({batch_size} rows per rank): data.train_batch_size must "
+                "be a multiple of the number of mini-batches times the data-loading workers")
         if not 0 <= rank < num_ranks:
             raise DataError(f"rank {rank} is outside 0..{num_ranks - 1}")
         if num_ranks > 1 and not drop_last:
@@ -93,6 +107,7 @@ class StatefulDataLoader:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
+        self.mini_batches = int(mini_batches)
         self._epoch = 0
         self._batches_done = 0
         self._active: object | None = None
@@ -146,8 +161,7 @@ class StatefulDataLoader:
         order = self._order(self._epoch)
         base = self._epoch * len(self.dataset)
         while self._batches_done < len(self):
-            start = (self._batches_done * self.num_ranks + self.rank) * self.batch_size
-            positions = range(start, min(start + self.batch_size, len(order)))
+            positions = self._positions(self._batches_done, len(order))
             batch = collate_left_pad([self.dataset[order[p]] for p in positions],
                                      self.pad_token_id)
             batch.set(SAMPLE_ID, torch.tensor([base + p for p in positions], dtype=torch.long))
@@ -159,6 +173,18 @@ class StatefulDataLoader:
                 return  # stale iterator: must not move the loader's position
         self._epoch += 1
         self._batches_done = 0
+
+    def _positions(self, batch_index: int, epoch_rows: int) -> list[int]:
+        """This rank's positions in the epoch's order for global batch ``batch_index``: its
+        run of ``batch_size / mini_batches`` rows out of each chunk, chunk by chunk."""
+        share = self.batch_size // self.mini_batches
+        chunk = share * self.num_ranks
+        first = batch_index * self.batch_size * self.num_ranks
+        positions = []
+        for k in range(self.mini_batches):
+            start = first + k * chunk + self.rank * share
+            positions += range(start, min(start + share, epoch_rows))
+        return positions
 
     def state_dict(self) -> dict:
         return {"epoch": self._epoch, "batches_done": self._batches_done, "seed": self.seed}
