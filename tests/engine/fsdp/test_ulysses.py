@@ -316,7 +316,8 @@ PACKED = ["actor_rollout_ref.model.use_remove_padding=true",
      r"ref\.ulysses_sequence_parallel_size=1.*actor's sequence-parallel groups"),
     (PACKED + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                "actor_rollout_ref.actor.strategy=megatron"],
-     r"actor\.ulysses_sequence_parallel_size=2.*context_parallel_size"),
+     r"actor\.ulysses_sequence_parallel_size=2.*tensor_model_parallel_size and "
+     r"sequence_parallel=true"),
 ])
 def test_settings_ulysses_cannot_serve_stop_the_run(overrides, match):
     from siirl.params.parser import parse_config
