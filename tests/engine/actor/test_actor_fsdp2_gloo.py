@@ -7,7 +7,6 @@ spawned ranks then skip importing transformers, which would double this test's t
 
 import copy
 import json
-import time
 
 import pytest
 import torch
@@ -34,6 +33,7 @@ from siirl_numerics import (
     rounding,
     scale_of,
 )
+from siirl_spawn import join_spawned
 
 try:
     from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -78,12 +78,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path, fsdp_size):
 
     context = mp.start_processes(dp_rank_main, args=(2, free_port(), str(tmp_path)),
                                  nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank FSDP2 run did not finish in 120 s")
+    join_spawned(context, "the 2-rank FSDP2 run")
 
     results = [torch.load(tmp_path / f"result{rank}.pt", weights_only=True) for rank in (0, 1)]
     result = results[0]

@@ -2,7 +2,6 @@
 
 import copy
 import json
-import time
 
 import pytest
 import torch
@@ -35,6 +34,7 @@ from siirl_numerics import (
     scale_of,
     transformer_terms,
 )
+from siirl_spawn import join_spawned
 
 try:
     from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -254,12 +254,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
 
     context = mp.start_processes(dp_rank_main, args=(2, free_port(), str(tmp_path)),
                                  nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank FSDP2 run did not finish in 120 s")
+    join_spawned(context, "the 2-rank FSDP2 run")
 
     got_values = torch.cat([torch.load(tmp_path / f"values{r}.pt") for r in (0, 1)])
     assert_close(got_values, values, rounding(torch.float32, tiny_value_terms(8),

@@ -10,7 +10,6 @@ packed actor in this process."""
 
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from siirl_numerics import (
     scale_of,
     transformer_terms,
 )
+from siirl_spawn import join_spawned
 
 HAVE_GLOO = torch.distributed.is_available() and torch.distributed.is_gloo_available()
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
@@ -160,12 +160,7 @@ def run_ranks(tmp_path, what: str, world: int = 2, size: int = 2):
     context = mp.start_processes(_rank_main,
                                  args=(world, free_port(), str(tmp_path), what, size),
                                  nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + 180
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the {world}-rank Ulysses run did not finish in 180 s")
+    join_spawned(context, f"the {world}-rank Ulysses run")
     return [torch.load(tmp_path / f"result{r}.pt", weights_only=True) for r in range(world)]
 
 

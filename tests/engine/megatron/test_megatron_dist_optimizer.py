@@ -15,11 +15,11 @@ Assertions run inside the ranks; a failure there fails the test with the rank's 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from siirl_spawn import join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -157,9 +157,4 @@ def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
 def test_dp2_distributed_adam_over_gloo_matches_single_process_adamw(tmp_path):
     context = mp.start_processes(rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2,
                                  join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank megatron DDP run did not finish in 120 s")
+    join_spawned(context, "the 2-rank megatron DDP run")

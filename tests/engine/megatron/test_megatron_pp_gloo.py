@@ -14,11 +14,11 @@ Assertions run inside the ranks; a failure there fails the test with the rank's 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from siirl_spawn import join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -157,9 +157,4 @@ def test_pp2_training_step_over_gloo_matches_hf(vpp):
     interleaved 1F1B schedule runs them."""
     context = mp.start_processes(rank_main, args=(2, free_port(), vpp), nprocs=2, join=False,
                                  start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank megatron pipeline run did not finish in 120 s")
+    join_spawned(context, "the 2-rank megatron pipeline run")

@@ -13,11 +13,11 @@ Assertions run inside the ranks; a failure there fails the test with the rank's 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from siirl_spawn import join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -148,9 +148,4 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
 def test_tp2_and_pp2_over_gloo_match_hf():
     context = mp.start_processes(rank_main, args=(2, free_port()), nprocs=2, join=False,
                                  start_method="spawn")
-    deadline = time.monotonic() + 150
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank megatron run did not finish in 150 s")
+    join_spawned(context, "the 2-rank megatron run")

@@ -8,7 +8,6 @@ import copy
 import json
 import os
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +31,7 @@ from siirl_numerics import (
     scale_of,
     transformer_terms,
 )
+from siirl_spawn import join_spawned
 
 peft = pytest.importorskip("peft", reason='peft is not installed: pip install '
                                           '"siirl-engine[lora]"')
@@ -399,12 +399,7 @@ def test_two_sharded_ranks_train_like_one_process(tmp_path):
                tmp_path / "batch.pt")
     context = mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2,
                                  join=False, start_method="spawn")
-    deadline = time.monotonic() + 150
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank FSDP2 LoRA run did not finish in 150 s")
+    join_spawned(context, "the 2-rank FSDP2 LoRA run")
     got = torch.load(tmp_path / "result.pt", weights_only=True)
     assert torch.equal(got["ref"], batch["ref_log_prob"][:4])
     config = single.module.config
