@@ -120,7 +120,7 @@ def run_model(name: str, rows: int, long_rows: int, micro: int, rounds: int) -> 
     heads = {"padded": logprob_heads()(batch["response_length"], 1.0, True),
              "packed": logprob_heads(remove_padding=True)(batch["response_length"], 1.0, True)}
     seconds = {layout: [] for layout in heads}
-    diff = 0.0
+    diff = size = 0.0
     for index in range(rounds + 1):
         got = {}
         for layout, head in heads.items():
@@ -129,6 +129,7 @@ def run_model(name: str, rows: int, long_rows: int, micro: int, rounds: int) -> 
                 seconds[layout].append(took)
         diff = max(diff, max(float((a - b).abs().max())
                              for a, b in zip(got["padded"], got["packed"], strict=True)))
+        size = max(size, max(float(a.abs().max()) for a in got["padded"]))
     median = {k: sorted(v)[len(v) // 2] for k, v in seconds.items()}
     mask = batch["attention_mask"]
     return {"model": name, "params": sum(p.numel() for p in model.parameters()),
@@ -136,7 +137,8 @@ def run_model(name: str, rows: int, long_rows: int, micro: int, rounds: int) -> 
             "tokens_run": {layout: _tokens_run(batch, micro, layout == "packed")
                            for layout in heads},
             "median_s": median, "packed_over_padded": median["packed"] / median["padded"],
-            "max_abs_logprob_diff": diff, "threads": torch.get_num_threads()}
+            "max_abs_logprob_diff": diff, "max_abs_logprob": size, "width": mask.shape[1],
+            "threads": torch.get_num_threads()}
 
 
 def main(argv: list | None = None) -> None:
