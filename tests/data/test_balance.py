@@ -185,3 +185,27 @@ def test_hungarian_matches_brute_force():
 def test_imbalance():
     assert imbalance([[0], [1]], [3, 1]) == 1.5
     assert imbalance([[0], []], [0]) == 1.0
+
+
+def test_chunks_are_balanced_apart_and_listed_run_by_run():
+    """Two sources of 2 runs of 2 groups each onto 2 destinations: every destination gets
+    two groups of each run, the first run's first; rows that do not split into runs (or
+    groups that straddle them) are balanced as one run."""
+    def source(s, tokens):
+        return [((s, i), t, f"{s}-{i // 2}") for i, t in enumerate(tokens)]
+
+    src = [source(0, [9, 9, 1, 1, 5, 5, 2, 2]), source(1, [1, 1, 9, 9, 2, 2, 5, 5])]
+    plan = plan_transfers(src, 2, keep_in_place=False, chunks=2)
+    assert plan["runs"] == 2
+    for rows in plan["dst_rows"]:
+        assert [i // 4 for _, i in rows] == [0] * 4 + [1] * 4
+    assert sorted(k for d in plan["dst_rows"] for k in d) == sorted(r[0] for s in src for r in s)
+    assert plan["dst_tokens"] == [34, 34]
+    whole = plan_transfers(src, 2, keep_in_place=False)
+    assert whole["runs"] == 1
+    # 3 groups a source: a group would straddle the runs
+    odd = [[((s, i), 1, f"{s}-{i // 2}") for i in range(6)] for s in (0, 1)]
+    assert plan_transfers(odd, 2, keep_in_place=False, chunks=2)["runs"] == 1
+    # one group a run does not split over 2 destinations: one run
+    one = [[((s, i), 1, f"{s}-{i // 2}") for i in range(4)] for s in (0,)]
+    assert plan_transfers(one, 2, keep_in_place=False, chunks=2)["runs"] == 1

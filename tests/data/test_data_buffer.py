@@ -89,6 +89,12 @@ def _scenarios_2(rank, out):
     batch = source_batch(rank, groups=4, long=rank == 0)
     out["round_trip"] = round_trip(batch, DataBuffer(timeout=30))
     out["round_trip_gloo"] = round_trip(batch, DataBuffer(shared_memory=False))
+    # each source's rows as 2 runs (its share of 2 PPO mini-batches), kept apart both ways
+    for name, shared in (("chunked", True), ("chunked_gloo", False)):
+        buf = DataBuffer(shared_memory=shared)
+        mid = buf.redistribute(batch, dp2, dp1_tp2, chunks=2)
+        out[name] = {"mid": plain(mid),
+                     "end": plain(buf.redistribute(mid, dp1_tp2, dp2, chunks=2))}
 
     # rank 1 cannot open rank 0's staging: 0 -> 1 takes gloo, 1 -> 0 shared memory
     real_open = same_node.open_peer
@@ -278,6 +284,17 @@ def test_two_ranks(tmp_path):
             assert_same(shm[step], gloo[step])
         assert shm["rows_sent"] == gloo["rows_sent"] == shm["shared_rows"] > 0
         assert gloo["shared_rows"] == 0 and gloo["sent"] > 100 * shm["sent"]
+    # chunks=2: the rows of every destination run by run, each run balanced on its own
+    runs = [[rid for rid in sorted(want) if rid % 1000 // 6 == k] for k in (0, 1)]
+    run_of = {rid: k for k in (0, 1) for rid in runs[k]}
+    for r in (r0, r1):
+        assert_same(r["chunked"]["mid"], r["chunked_gloo"]["mid"])
+        assert_same(r["chunked"]["end"], r["chunked_gloo"]["end"])
+        assert r["chunked"]["mid"]["tensors"]["rid"].tolist() == runs[0] + runs[1]
+        got = r["chunked"]["end"]["tensors"]["rid"].tolist()
+        assert [run_of[rid] for rid in got] == [0] * 6 + [1] * 6
+    check_parts([r["chunked"]["end"] for r in (r0, r1)], want)
+
     # mixed routes (rank 1 cannot reach rank 0), a runtime fallback, a closed buffer
     assert (r0["mixed"]["shared_rows"], r1["mixed"]["shared_rows"]) == (0, 12)
     assert (r0["fallback"]["shared_rows"], r1["fallback"]["shared_rows"]) == (0, 12)

@@ -288,7 +288,10 @@ class DAGWorker:
         sent, shared = traffic.bytes_sent, traffic.shared_bytes
         start = time.perf_counter()
         batch = self._common_prompt_width(batch, src)
-        moved = self._buffer.redistribute(batch, src, dst, group_key=UID)
+        # each source's rows are its share of the loader's chunks: kept apart, so that the
+        # training workers' k-th mini-batches remain one worker's k-th
+        chunks = int(getattr(self.train_loader, "mini_batches", 1) or 1)
+        moved = self._buffer.redistribute(batch, src, dst, group_key=UID, chunks=chunks)
         # bytes over the network transport, and bytes staged in same-node shared memory
         self.metrics.add(f"databuffer/{child}/bytes_sent", traffic.bytes_sent - sent)
         self.metrics.add(f"databuffer/{child}/shared_bytes", traffic.shared_bytes - shared)

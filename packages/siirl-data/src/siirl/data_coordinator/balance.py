@@ -175,6 +175,7 @@ def plan_transfers(
     *,
     keep_in_place: bool = True,
     method: str = "karmarkar_karp",
+    chunks: int = 1,
 ) -> dict:
     """Plan which rows each destination rank receives.
 
@@ -189,10 +190,17 @@ def plan_transfers(
     (Hungarian on overlap[part][rank] = rows of the part already held by source ``rank``),
     which minimises moved rows for that partition.
 
+    With ``chunks`` c > 1 each source's rows are c equal consecutive runs (the loader's
+    share of each PPO mini-batch, ``siirl.data_coordinator.dataloader``): the k-th runs of
+    all sources are balanced among themselves, and every destination lists its rows run by
+    run, so its k-th mini-batch holds rows of the sources' k-th runs only. Where the runs do
+    not split so (a source's row count or a run's groups do not divide evenly) the rows are
+    balanced as one run.
+
     Returns ``assignment`` {row_key: dst}, ``sends`` {(src, dst): [row_keys]} including
     ``(s, s)`` entries for rows that stay, ``moved_rows`` (rows with src != dst),
-    ``dst_tokens`` per destination, and ``dst_rows``: each destination's keys ordered
-    by (source rank, source position), the order a receiver concatenates them in.
+    ``dst_tokens`` per destination, ``dst_rows``: each destination's keys run by run, and
+    ``runs``: how many runs were balanced apart (1 when ``chunks`` could not be kept).
     """
     if dst_size < 1:
         raise DataError(f"need dst_size >= 1, got {dst_size}")
@@ -208,6 +216,14 @@ def plan_transfers(
     if len(set(keys)) != len(keys):
         dups = sorted({repr(x) for x in keys if keys.count(x) > 1})[:5]
         raise DataError(f"row keys must be unique across ranks; repeated: {', '.join(dups)}")
+    if chunks > 1 and not (keep_in_place and len(src_rows) == dst_size):
+        runs = _runs(src_rows, chunks)
+        if runs is not None:
+            try:
+                return _joined([plan_transfers(run, dst_size, keep_in_place=False,
+                                               method=method) for run in runs])
+            except DataError:
+                pass  # a run's groups do not split over the destinations: one run
     if keep_in_place and len(src_rows) == dst_size:
         dst_of = list(src_of)
     else:
@@ -241,6 +257,40 @@ def plan_transfers(
         "moved_rows": sum(s != d for s, d in zip(src_of, dst_of, strict=True)),
         "dst_tokens": dst_tokens,
         "dst_rows": dst_rows,
+        "runs": 1,
+    }
+
+
+def _runs(src_rows: Sequence[Sequence[tuple]], chunks: int) -> list | None:
+    """The sources' rows as ``chunks`` lists of per-source consecutive runs, or None when a
+    source's rows do not split into equal runs or a group straddles two runs."""
+    if any(len(rows) % chunks for rows in src_rows):
+        return None
+    runs = [[list(rows[k * len(rows) // chunks:(k + 1) * len(rows) // chunks])
+             for rows in src_rows] for k in range(chunks)]
+    run_of: dict = {}
+    for k, run in enumerate(runs):
+        for rows in run:
+            for _, _, group in rows:
+                if group is not None and run_of.setdefault(group, k) != k:
+                    return None
+    return runs
+
+
+def _joined(plans: list[dict]) -> dict:
+    """One plan from the plans of consecutive runs: each destination's rows run by run."""
+    size = len(plans[0]["dst_rows"])
+    sends: dict[tuple[int, int], list] = {}
+    for one in plans:
+        for pair, keys in one["sends"].items():
+            sends.setdefault(pair, []).extend(keys)
+    return {
+        "assignment": {k: d for one in plans for k, d in one["assignment"].items()},
+        "sends": sends,
+        "moved_rows": sum(one["moved_rows"] for one in plans),
+        "dst_tokens": [sum(one["dst_tokens"][d] for one in plans) for d in range(size)],
+        "dst_rows": [[k for one in plans for k in one["dst_rows"][d]] for d in range(size)],
+        "runs": len(plans),
     }
 
 

@@ -115,7 +115,8 @@ def source_labels(src: Layout, dst: Layout) -> tuple[list[int], bool]:
     return labels, len(taken) == src.dp_size == dst.dp_size
 
 
-def plan(metas: list[dict], src: Layout, dst: Layout, method: str = "karmarkar_karp") -> dict:
+def plan(metas: list[dict], src: Layout, dst: Layout, method: str = "karmarkar_karp",
+         chunks: int = 1) -> dict:
     """The transfer plan from the sources' metadata (``metas[s]`` for source DP rank s).
 
     Row keys are ``(source dp rank, row position)``. Adds ``labels`` and
@@ -128,7 +129,8 @@ def plan(metas: list[dict], src: Layout, dst: Layout, method: str = "karmarkar_k
         src_rows[labels[s]] = [((s, i), t, g) for i, (t, g) in
                                enumerate(zip(meta["tokens"], groups, strict=True))]
     try:
-        out = plan_transfers(src_rows, dst.dp_size, keep_in_place=keep, method=method)
+        out = plan_transfers(src_rows, dst.dp_size, keep_in_place=keep, method=method,
+                             chunks=chunks)
     except DataError as err:
         rows = sum(len(m["tokens"]) for m in metas)
         groups = len({g for m in metas for g in (m["groups"] or [])})
@@ -268,10 +270,12 @@ class DataBuffer:
 
     def redistribute(self, batch: TensorDict | None, src: Layout, dst: Layout, *,
                      group_key: str | None = UID,
-                     token_key: str = ATTENTION_MASK) -> TensorDict | None:
+                     token_key: str = ATTENTION_MASK, chunks: int = 1) -> TensorDict | None:
         """Hand ``batch`` (rows held by ``src``'s source ranks) on to ``dst``; returns this
         rank's rows under ``dst`` (None if the rank is not in it). A collective: every rank
-        of the group calls it, in the same order. Same layouts: returns ``batch`` itself."""
+        of the group calls it, in the same order. Same layouts: returns ``batch`` itself.
+        ``chunks``: each source's rows are that many runs, kept apart and in order
+        (``balance.plan_transfers``), so that PPO mini-batches stay those of one worker."""
         if src == dst:
             return batch  # rows already sit where the next stage reads them
         group = self.group if self.group is not None else dist.group.WORLD
@@ -298,7 +302,7 @@ class DataBuffer:
         self._check(by_rank, src, dst)
         metas = [by_rank[src.source_rank(s)] for s in range(src.dp_size)]
         schema = _check_schemas(metas, src)
-        self.last_plan = the_plan = plan(metas, src, dst, self.method)
+        self.last_plan = the_plan = plan(metas, src, dst, self.method, chunks)
         routes = self._local.routes(by_rank, members, self.group)
 
         pairs: dict[tuple[int, int], list[int]] = {}  # (src dp, dst dp) -> row positions
@@ -329,7 +333,14 @@ class DataBuffer:
                 parts.append(self._local.read(rank, groups, my_dst, schema, got[rank]))
             else:
                 parts.append(received[rank])
-        return _assemble(parts, schema, device)
+        rows = _assemble(parts, schema, device)
+        if the_plan["runs"] > 1:  # assembled by (source, position); laid out run by run
+            counts = [len(m["tokens"]) for m in metas]
+            assembled = sorted(the_plan["dst_rows"][my_dst])
+            by_run = sorted(range(len(assembled)), key=lambda j: (
+                assembled[j][1] * the_plan["runs"] // counts[assembled[j][0]], assembled[j]))
+            rows = rows[torch.tensor(by_run, dtype=torch.long)]
+        return rows
 
     def _send(self, batch, pairs: dict, readers: dict, routes: set, schema: list[tuple],
               my_src: int | None) -> tuple[dict[int, Piece], dict[int, list[int]]]:
