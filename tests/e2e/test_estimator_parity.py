@@ -16,7 +16,9 @@ progress reward then depends on the other worker's successes, and some failure e
 
 Several optimizer steps per training step too (``MINI_BATCH_RUNS``, by default): GRPO and
 PPO/GAE with each step's prompts in 2 PPO mini-batches, which the dataloader lays out so
-that the 2 workers' k-th local mini-batches are together 1 worker's k-th.
+that the 2 workers' k-th local mini-batches are together 1 worker's k-th; and GRPO whose
+2 workers roll out at tensor-parallel size 2, the DataBuffer keeping that layout when it
+hands the rows on to data-parallel training.
 """
 
 import json
