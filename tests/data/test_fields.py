@@ -44,6 +44,7 @@ OTHER_FIELDS = {
     fields.PROPRIO: "embodied rollout (a VLA's robot state)",
     fields.ROLLOUT_LOG_PROBS: "the vllm rollout",
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
+    fields.REWARD_BASELINES: "remax (the greedy baseline's score)",
 }
 
 
