@@ -16,6 +16,7 @@ from siirl.data_coordinator.protocol import make_batch
 from siirl.engine.actor.engine import ActorEngine
 from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
 from siirl.params.parser import parse_config
+from siirl_spawn import finish_rank
 
 VOCAB, PROMPT, RESPONSE = 32, 4, 5
 
@@ -222,46 +223,43 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks share the test machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
-        model = TinyCausalLM()
-        model.load_state_dict(inputs["weights"])
-        config = actor_config(*inputs["overrides"])
-        replicated = config.actor_rollout_ref.actor.fsdp_config.fsdp_size == 1
-        if replicated and rank == 1:  # replicas start from rank 0's weights, whatever given
-            with torch.no_grad():
-                next(model.parameters()).add_(1.0)
-        worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
-        engine = actor_engine(config, module=model, worker=worker)
-        sharded = engine.sharded
-        assert sharded == (not replicated)
-        assert (engine.initial_module is not None) == sharded
-        ref = fsdp_reference(config, worker, actor=engine, logprob_fn=ref_logprobs)  # the copy
-        assert engine.initial_module is None
-        rows = inputs["batch"]["input_ids"].shape[0] // world_size
-        local = make_batch({k: v[rank * rows:(rank + 1) * rows]
-                            for k, v in inputs["batch"].items()})
-        local = ref.compute_ref_log_prob(local).batch
-        from siirl_numerics import assert_close, rounding, scale_of
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
+    model = TinyCausalLM()
+    model.load_state_dict(inputs["weights"])
+    config = actor_config(*inputs["overrides"])
+    replicated = config.actor_rollout_ref.actor.fsdp_config.fsdp_size == 1
+    if replicated and rank == 1:  # replicas start from rank 0's weights, whatever given
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+    worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
+    engine = actor_engine(config, module=model, worker=worker)
+    sharded = engine.sharded
+    assert sharded == (not replicated)
+    assert (engine.initial_module is not None) == sharded
+    ref = fsdp_reference(config, worker, actor=engine, logprob_fn=ref_logprobs)  # the copy
+    assert engine.initial_module is None
+    rows = inputs["batch"]["input_ids"].shape[0] // world_size
+    local = make_batch({k: v[rank * rows:(rank + 1) * rows]
+                        for k, v in inputs["batch"].items()})
+    local = ref.compute_ref_log_prob(local).batch
+    from siirl_numerics import assert_close, rounding, scale_of
 
-        want = local["old_log_probs"]
-        assert_close(local["ref_log_prob"], want, rounding(
-            torch.float32, tiny_torch_terms(rows), scale_of(want), want.numel()),
-            "ref_log_prob")
-        metrics = engine.update_policy(local).metrics
-        grads = {n: p.grad.full_tensor() if sharded else p.grad
-                 for n, p in engine.module.named_parameters()}
-        weights = checkpoint.model_state_dict(engine.module, sharded=sharded)
-        # checkpoint: sharded, one file per rank; replicated, rank 0 writes the whole state
-        engine.save_checkpoint(os.path.join(workdir, "ckpt"))
-        engine.load_checkpoint(os.path.join(workdir, "ckpt"))
-        reloaded = checkpoint.model_state_dict(engine.module, sharded=sharded)
-        assert all(torch.equal(reloaded[k], weights[k]) for k in weights)
-        assert engine.actor.update_count == 1
-        with open(os.path.join(workdir, f"metrics{rank}.json"), "w") as handle:
-            json.dump(metrics, handle)
-        torch.save({"grads": grads, "weights": weights},
-                   os.path.join(workdir, f"result{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    want = local["old_log_probs"]
+    assert_close(local["ref_log_prob"], want, rounding(
+        torch.float32, tiny_torch_terms(rows), scale_of(want), want.numel()),
+        "ref_log_prob")
+    metrics = engine.update_policy(local).metrics
+    grads = {n: p.grad.full_tensor() if sharded else p.grad
+             for n, p in engine.module.named_parameters()}
+    weights = checkpoint.model_state_dict(engine.module, sharded=sharded)
+    # checkpoint: sharded, one file per rank; replicated, rank 0 writes the whole state
+    engine.save_checkpoint(os.path.join(workdir, "ckpt"))
+    engine.load_checkpoint(os.path.join(workdir, "ckpt"))
+    reloaded = checkpoint.model_state_dict(engine.module, sharded=sharded)
+    assert all(torch.equal(reloaded[k], weights[k]) for k in weights)
+    assert engine.actor.update_count == 1
+    with open(os.path.join(workdir, f"metrics{rank}.json"), "w") as handle:
+        json.dump(metrics, handle)
+    torch.save({"grads": grads, "weights": weights},
+               os.path.join(workdir, f"result{rank}.pt"))
+    finish_rank()  # a failing rank raises instead

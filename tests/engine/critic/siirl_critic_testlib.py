@@ -14,6 +14,7 @@ from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
 from siirl.engine.fsdp.engines import fsdp_critic
 from siirl.params.parser import parse_config
+from siirl_spawn import finish_rank
 
 VOCAB, PROMPT, RESPONSE, DIM = 32, 4, 5, 32
 
@@ -132,33 +133,30 @@ def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks share the test machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
-        model = tiny_value_model()
-        model.load_state_dict(inputs["weights"])
-        worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
-        engine = critic_engine(critic_config(*inputs["overrides"]), module=model,
-                               worker=worker)
-        assert engine.sharded
-        rows = inputs["batch"]["input_ids"].shape[0] // world_size
-        local = make_batch({k: v[rank * rows:(rank + 1) * rows]
-                            for k, v in inputs["batch"].items()})
-        values = with_values(engine, local)["values"]
-        local.set("values", local["old_values"])  # perturbed: the value clip is exercised
-        metrics = engine.update_critic(local).metrics
-        grads = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
-        weights = checkpoint.model_state_dict(engine.module, sharded=True)
-        engine.save_checkpoint(os.path.join(workdir, "ckpt"))
-        engine.load_checkpoint(os.path.join(workdir, "ckpt"))
-        reloaded = checkpoint.model_state_dict(engine.module, sharded=True)
-        assert all(torch.equal(reloaded[k], weights[k]) for k in weights)
-        assert engine.critic.update_count == 1
-        with open(os.path.join(workdir, f"metrics{rank}.json"), "w") as handle:
-            json.dump(metrics, handle)
-        torch.save(values, os.path.join(workdir, f"values{rank}.pt"))
-        if rank == 0:
-            torch.save({"grads": grads, "weights": weights},
-                       os.path.join(workdir, "result.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
+    model = tiny_value_model()
+    model.load_state_dict(inputs["weights"])
+    worker = SimpleNamespace(rank=rank, world_size=world_size, engines={})
+    engine = critic_engine(critic_config(*inputs["overrides"]), module=model,
+                           worker=worker)
+    assert engine.sharded
+    rows = inputs["batch"]["input_ids"].shape[0] // world_size
+    local = make_batch({k: v[rank * rows:(rank + 1) * rows]
+                        for k, v in inputs["batch"].items()})
+    values = with_values(engine, local)["values"]
+    local.set("values", local["old_values"])  # perturbed: the value clip is exercised
+    metrics = engine.update_critic(local).metrics
+    grads = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
+    weights = checkpoint.model_state_dict(engine.module, sharded=True)
+    engine.save_checkpoint(os.path.join(workdir, "ckpt"))
+    engine.load_checkpoint(os.path.join(workdir, "ckpt"))
+    reloaded = checkpoint.model_state_dict(engine.module, sharded=True)
+    assert all(torch.equal(reloaded[k], weights[k]) for k in weights)
+    assert engine.critic.update_count == 1
+    with open(os.path.join(workdir, f"metrics{rank}.json"), "w") as handle:
+        json.dump(metrics, handle)
+    torch.save(values, os.path.join(workdir, f"values{rank}.pt"))
+    if rank == 0:
+        torch.save({"grads": grads, "weights": weights},
+                   os.path.join(workdir, "result.pt"))
+    finish_rank()  # a failing rank raises instead

@@ -27,7 +27,7 @@ from siirl_numerics import (
     scale_of,
     transformer_terms,
 )
-from siirl_spawn import join_spawned
+from siirl_spawn import finish_rank, join_spawned
 
 HAVE_GLOO = torch.distributed.is_available() and torch.distributed.is_gloo_available()
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
@@ -114,22 +114,20 @@ def _rank_main(rank: int, world: int, port: int, workdir: str, what: str,
         return exchange(*args)
 
     ulysses.all_to_all = counting
-    try:
-        if what == "heads":
-            from siirl.engine.critic.value_model import value_model_from_lm
+    if what == "heads":
+        from siirl.engine.critic.value_model import value_model_from_lm
 
-            ulysses.install()
-            sp = ulysses.SequenceParallel(dist.group.WORLD, size, rank)
-            result = heads_and_grads(tiny_lm(), value_model_from_lm(tiny_lm(), seed=0), sp)
-        else:
-            # the rows of this rank's data-parallel group (its Ulysses group's share)
-            share = len(PROMPTS) * size // world
-            result = actor_update([f"actor_rollout_ref.actor.ulysses_sequence_parallel_size="
-                                   f"{size}"], rank // size * share, share)
-        result["exchanges"] = exchanges[0]
-        torch.save(result, os.path.join(workdir, f"result{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+        ulysses.install()
+        sp = ulysses.SequenceParallel(dist.group.WORLD, size, rank)
+        result = heads_and_grads(tiny_lm(), value_model_from_lm(tiny_lm(), seed=0), sp)
+    else:
+        # the rows of this rank's data-parallel group (its Ulysses group's share)
+        share = len(PROMPTS) * size // world
+        result = actor_update([f"actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+                               f"{size}"], rank // size * share, share)
+    result["exchanges"] = exchanges[0]
+    torch.save(result, os.path.join(workdir, f"result{rank}.pt"))
+    finish_rank()  # a failing rank raises instead
 
 
 def actor_update(overrides, first: int = 0, count: int = len(PROMPTS)):

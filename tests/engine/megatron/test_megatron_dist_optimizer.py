@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import join_spawned
+from siirl_spawn import finish_rank, join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -150,8 +150,7 @@ def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
     _assert_weights(fresh_model, ref_weights[1], "step after loading the optimizer state")
 
     parallel_state.destroy_model_parallel()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank()  # a failing rank raises instead
 
 
 def test_dp2_distributed_adam_over_gloo_matches_single_process_adamw(tmp_path):

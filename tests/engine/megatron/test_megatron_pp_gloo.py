@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import join_spawned
+from siirl_spawn import finish_rank, join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -147,8 +147,7 @@ def rank_main(rank: int, world_size: int, port: int, vpp: int) -> None:
     for family in ("llama", "qwen2"):
         _check_family(family, rank)
     parallel_state.destroy_model_parallel()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank()  # a failing rank raises instead
 
 
 @pytest.mark.parametrize("vpp", [1, 2], ids=["pp2", "pp2-vpp2"])

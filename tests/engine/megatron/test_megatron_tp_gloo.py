@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import join_spawned
+from siirl_spawn import finish_rank, join_spawned
 
 pytest.importorskip("megatron.core")
 
@@ -141,8 +141,7 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
     init_megatron(tp=1, pp=2)
     _pp2_checks(rank)
     parallel_state.destroy_model_parallel()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank()  # a failing rank raises instead
 
 
 def test_tp2_and_pp2_over_gloo_match_hf():

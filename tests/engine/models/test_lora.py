@@ -1,20 +1,27 @@
-"""LoRA through peft (actor_rollout_ref.model.lora_rank > 0) on the fsdp actor: only the
-adapters train; the reference is the actor's own module with its adapters off, equal to the
-base model; rollouts that receive weights get the merged weights under the base model's
-names; checkpoints hold the adapters only; FSDP2 over 2 gloo ranks trains like one process.
+"""LoRA through peft (actor_rollout_ref.model.lora_rank > 0) on the fsdp actor, in one
+process: only the adapters train; the reference is the actor's own module with its adapters
+off, equal to the base model; rollouts that receive weights get the merged weights under the
+base model's names; checkpoints hold the adapters only. FSDP2 over two gloo ranks:
+test_lora_fsdp2_gloo.py.
 """
 
 import copy
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from siirl_lora_testlib import (
+    BASE,
+    LORA_RANK,
+    PROMPT,
+    RESPONSE,
+    lora_actor,
+    rollout_batch,
+    tiny_model,
+)
 
-from siirl.data_coordinator.protocol import make_batch
 from siirl.engine.common.checkpoint import EXTRA_FILE, OPTIMIZER_FILE, load_tensors
 from siirl.engine.common.weight_sync import copy_into
 from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
@@ -22,30 +29,10 @@ from siirl.engine.models import lora
 from siirl.engine.models.logprob import response_logprobs
 from siirl.errors import ConfigError
 from siirl.params.parser import parse_config
-from siirl_numerics import (
-    assert_adam_step_close,
-    assert_close,
-    assert_metrics_close,
-    optimizer_settings,
-    rounding,
-    scale_of,
-    transformer_terms,
-)
-from siirl_spawn import join_spawned
+from siirl_numerics import assert_close, rounding, scale_of, transformer_terms
 
 peft = pytest.importorskip("peft", reason='peft is not installed: pip install '
                                           '"siirl-engine[lora]"')
-
-VOCAB, PROMPT, RESPONSE = 32, 4, 5
-LORA_RANK = 4
-LORA = [f"actor_rollout_ref.model.lora_rank={LORA_RANK}", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.model.target_modules=all-linear"]
-BASE = ["actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.optim.weight_decay=0.0",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.use_kl_loss=true",
-        "trainer.seed=3"]
 
 
 @pytest.fixture(autouse=True)
@@ -54,45 +41,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)  # tiny tensors; the test machine's cores are shared
     yield
     torch.set_num_threads(threads)
-
-
-def tiny_model(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2)
-    return LlamaForCausalLM(config).float()
-
-
-def tiny_tokenizer():
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), pad_token="t0")
-
-
-def rollout_batch(rows: int = 4, seed: int = 0):
-    """Left-padded prompts + right-padded responses, advantages of both signs."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(3, VOCAB, (rows, PROMPT), generator=g)
-    responses = torch.randint(3, VOCAB, (rows, RESPONSE), generator=g)
-    prompt_mask = torch.ones(rows, PROMPT, dtype=torch.long)
-    response_mask = torch.ones(rows, RESPONSE)
-    for i in range(0, rows, 2):
-        prompts[i, 0], prompt_mask[i, 0] = 0, 0
-        responses[i, -1], response_mask[i, -1] = 0, 0
-    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    return make_batch({
-        "prompts": prompts, "responses": responses, "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp_min(0),
-        "advantages": response_mask * torch.linspace(-1.0, 2.0, rows)[:, None],
-    })
 
 
 def logprob_tolerance(model, want):
@@ -111,31 +59,6 @@ def assert_logprobs_close(got_model, want_model, batch, what):
                  what)
 
 
-def trainable(module, grads: bool = False):
-    """The adapters (or their gradients), whole (gathered where FSDP2 shards them)."""
-    out = {}
-    for name, param in module.named_parameters():
-        if param.requires_grad:
-            tensor = param.grad if grads else param.detach()
-            out[name] = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-    return out
-
-
-def merged_bound(module, merged_name, got, want):
-    """How far a merged weight W + s * B @ A may move when the adapters differ by what
-    their Adam step explains: s * (|dB| @ |A| + |B| @ |dA| + |dB| @ |dA|), plus float32
-    rounding of the rank-r product and the sum."""
-    prefix = "base_model.model." + merged_name.removesuffix(".weight")
-    a_name, b_name = f"{prefix}.lora_A.default.weight", f"{prefix}.lora_B.default.weight"
-    if a_name not in want:
-        return None  # not adapted: the base weight, unchanged
-    scaling = module.get_submodule(prefix).scaling["default"]
-    a, b = want[a_name].double().abs(), want[b_name].double().abs()
-    da = (got[a_name] - want[a_name]).double().abs()
-    db = (got[b_name] - want[b_name]).double().abs()
-    return scaling * (db @ a + b @ da + db @ da)
-
-
 def logprobs_of(model, batch):
     """Log-probs of the responses (0 at padding, as the engines leave them)."""
     with torch.no_grad():
@@ -143,12 +66,6 @@ def logprobs_of(model, batch):
                                       batch["attention_mask"], batch["position_ids"],
                                       RESPONSE)[0]
     return log_probs * batch["response_mask"]
-
-
-def lora_actor(*overrides, module=None, worker=None):
-    config = parse_config(BASE + LORA + list(overrides))
-    module = module if module is not None else tiny_model()
-    return config, fsdp_actor(config, worker, module=module, tokenizer=tiny_tokenizer())
 
 
 def trained_actor(*overrides):
@@ -332,104 +249,3 @@ def test_where_lora_is_refused(overrides, refused):
 def test_lora_settings_without_lora_are_a_notice(capsys):
     parse_config(["actor_rollout_ref.model.lora_alpha=32"])
     assert "lora_alpha" in capsys.readouterr().err
-
-
-# ---- FSDP2 over two gloo ranks ---------------------------------------------------------
-
-ONE_MINI_BATCH = ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # 8 rows, one step
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank: int, port: int, workdir: str) -> None:
-    """One rank: a sharded LoRA actor and its reference update on half the batch, then
-    write metrics, the merged weights and a checkpoint (then load it back)."""
-    import torch.distributed as dist
-
-    from siirl.engine.common.sharded_modules import fsdp_modules
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        worker = SimpleNamespace(rank=rank, world_size=2, engines={})
-        config, actor = lora_actor(*ONE_MINI_BATCH, worker=worker)
-        assert actor.sharded
-        # each decoder layer (found through peft's wrapper) and the root are FSDP2 units
-        assert len(fsdp_modules(actor.module)) == 3
-        reference = fsdp_reference(config, worker, actor=actor)
-        assert reference.module is actor.module
-        batch = torch.load(os.path.join(workdir, "batch.pt"), weights_only=True)
-        local = make_batch({k: batch[k][rank * 4:(rank + 1) * 4] for k in batch.keys()})
-        # the reference's forward first, as when the old log-probs are deferred to the
-        # update: FSDP2 initialises while the adapters are off, and must still train them
-        local = reference.compute_ref_log_prob(local).batch
-        local.set("old_log_probs", batch["old_log_probs"][rank * 4:(rank + 1) * 4])
-        metrics = actor.update_policy(local).metrics
-        merged = dict(lora.merged_weights(actor.module))  # collective
-        adapters, grads = trainable(actor.module), trainable(actor.module, grads=True)
-        actor.save_checkpoint(os.path.join(workdir, "ckpt"))
-        before = lora.adapter_state(actor.module)
-        actor.load_checkpoint(os.path.join(workdir, "ckpt"))
-        assert all(torch.equal(before[k], v) for k, v in lora.adapter_state(actor.module).items())
-        if rank == 0:
-            torch.save({"metrics": metrics, "merged": merged, "ref": local["ref_log_prob"],
-                        "adapters": adapters, "grads": grads},
-                       os.path.join(workdir, "result.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif(not (torch.distributed.is_available()
-                         and torch.distributed.is_gloo_available()), reason="no gloo")
-def test_two_sharded_ranks_train_like_one_process(tmp_path):
-    config, single = lora_actor(*ONE_MINI_BATCH)
-    batch = single.compute_log_prob(rollout_batch(rows=8)).batch
-    reference = fsdp_reference(config, actor=single)
-    batch = reference.compute_ref_log_prob(batch).batch
-    want = single.update_policy(batch).metrics
-    torch.save({k: batch[k] for k in batch.keys() if k != "ref_log_prob"},
-               tmp_path / "batch.pt")
-    context = mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    join_spawned(context, "the 2-rank FSDP2 LoRA run")
-    got = torch.load(tmp_path / "result.pt", weights_only=True)
-    assert torch.equal(got["ref"], batch["ref_log_prob"][:4])
-    config = single.module.config
-    forward = transformer_terms(config, PROMPT + RESPONSE)
-    backward = 2 * forward + 8 * (PROMPT + RESPONSE)  # the gradients sum over the tokens
-    assert_metrics_close(got["metrics"], want, ("actor/pg_loss", "actor/grad_norm",
-                                                "actor/kl_loss"),
-                         lambda key: backward + sum(p.numel() for p in trainable(
-                             single.module).values()) if key.endswith("grad_norm")
-                         else forward + 8 * (PROMPT + RESPONSE))
-    assert got["metrics"]["actor/grad_norm"] > 0
-    want_adapters = trainable(single.module)
-    want_grads = trainable(single.module, grads=True)
-    for name, grad in want_grads.items():
-        assert_close(got["grads"][name], grad, rounding(torch.float32, backward,
-                                                        scale_of(grad), grad.numel()), name)
-    # Adam's first step turns a rounding difference in a gradient near its eps into up to
-    # lr * difference / eps: the adapters may differ by what their gradients explain
-    assert_adam_step_close(got["adapters"], want_adapters, got["grads"], want_grads,
-                           **optimizer_settings(single.optimizer))
-    merged = dict(lora.merged_weights(single.module))
-    for name, tensor in merged.items():
-        bound = merged_bound(single.module, name, got["adapters"], want_adapters)
-        tol = rounding(torch.float32, LORA_RANK + 1, scale_of(tensor), tensor.numel())
-        diff = (got["merged"][name] - tensor).double().abs()
-        allowed = tol.atol + (0 if bound is None else bound)
-        assert bool((diff <= allowed).all()), (
-            f"merged {name}: largest difference {diff.max().item():.3g}, allowed there "
-            f"{(allowed if bound is None else allowed.flatten()[int(diff.argmax())]):.3g} "
-            f"(the adapters' differences through s * B @ A, and {tol})")
-    folder = tmp_path / "ckpt"  # one whole copy of the adapters, written by rank 0
-    assert sorted(os.listdir(folder)) == sorted(
-        [lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS, OPTIMIZER_FILE, EXTRA_FILE])
