@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,12 +152,12 @@ def _train(name: str, rank: int, world: int, out: str, port: int) -> list:
                                                    group_ranks, None, {})
 
 
-def _worker(rank: int, world: int, out: str, names: list, ports: list) -> None:
+def _worker(rank: int, world: int, out: str, names: list) -> None:
     import torch
 
     torch.set_num_threads(1)  # two processes share a small machine's cores
-    for name, port in zip(names, ports, strict=True):
-        history = _train(name, rank, world, out, port)
+    for name in names:
+        history = _train(name, rank, world, out, _run_port(rank, out, name))
         if rank == 0:
             with open(os.path.join(out, f"{name}.json"), "w") as f:
                 json.dump(history, f)
@@ -168,18 +169,38 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _run_port(rank: int, out: str, name: str) -> int:
+    """A rendezvous port chosen by rank 0 just before the run and read by the others.
+
+    Ports picked for every run up front were taken minutes later by an earlier
+    run's own gloo connections (EADDRINUSE, seen in CI), so each run picks its own.
+    """
+    path = os.path.join(out, f".{name}.port")
+    if rank == 0:
+        port = _free_port()
+        with open(path + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(path + ".tmp", path)  # the others never read half a number
+        return port
+    deadline = time.monotonic() + 600
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 never wrote {path}")
+        time.sleep(0.05)
+    with open(path) as f:
+        return int(f.read())
+
+
 def main(world: int, out: str, names: list) -> None:
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     os.chdir(ROOT)  # the MARFT file names its process and env files from the root
-    ports = [_free_port() for _ in names]  # a fresh rendezvous per run
     if world == 1:
-        _worker(0, 1, out, names, ports)
+        _worker(0, 1, out, names)
         return
     import torch.multiprocessing as mp
 
-    mp.start_processes(_worker, args=(world, out, names, ports), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(world, out, names), nprocs=world, start_method="spawn")
 
 
 if __name__ == "__main__":

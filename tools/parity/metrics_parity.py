@@ -42,6 +42,12 @@ JOBS = {
              "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=2",
              "reward_model.overlong_buffer.penalty_factor=0.5"],
 }
+# Presets run from their configs/ file, first 10 steps: (file, overrides).
+PRESETS = {
+    "agentic_frozenlake": ("agentic_frozenlake.yaml", ["trainer.total_training_steps=10"]),
+    "embodied_grpo": ("embodied_grpo.yaml", ["trainer.total_training_steps=10"]),
+}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wall_clock(key: str) -> bool:
@@ -49,11 +55,19 @@ def wall_clock(key: str) -> bool:
                                            and key != "perf/total_num_tokens")
 
 
-def run_job(name: str, overrides: list, python: str) -> list:
+def job_args(name: str) -> list:
+    """The command line of a recorded job after ``python -m siirl.main_dag``."""
+    if name in PRESETS:
+        preset, overrides = PRESETS[name]
+        return ["--config", str(ROOT / "configs" / preset), *COMMON, *overrides]
+    return [*COMMON, *JOBS[name]]
+
+
+def run_job(name: str, python: str) -> list:
     with tempfile.TemporaryDirectory() as run_dir:
         proc = subprocess.run([python, "-m", "siirl.main_dag",
-                               f"trainer.default_local_dir={run_dir}", *COMMON, *overrides],
-                              capture_output=True, text=True)
+                               f"trainer.default_local_dir={run_dir}", *job_args(name)],
+                              capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             sys.exit(f"job {name} failed:\n{proc.stderr[-3000:]}")
         records = [json.loads(line) for line in
@@ -83,7 +97,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record")
     rec.add_argument("out")
-    rec.add_argument("--jobs", nargs="*", default=sorted(JOBS))
+    rec.add_argument("--jobs", nargs="*", default=[*sorted(JOBS), *PRESETS])
     rec.add_argument("--python", default=sys.executable)
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before")
@@ -92,7 +106,7 @@ def main() -> None:
     if args.command == "record":
         result = {}
         for name in args.jobs:
-            result[name] = run_job(name, JOBS[name], args.python)
+            result[name] = run_job(name, args.python)
             print(f"{name}: {len(result[name])} records", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         return
