@@ -1,5 +1,6 @@
-"""The README is a promise: the paths, links, extras and tools its commands name exist, and
-its cheap commands run as written (the custom-pipeline example has its own test)."""
+"""The README and the reference pages in docs/ are a promise: the paths, extras and tools
+their commands name exist, and their cheap commands run as written (the custom-pipeline
+example has its own test, links their own: tests/test_doc_links.py)."""
 
 import re
 import subprocess
@@ -8,17 +9,17 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXT = "\n".join(page.read_text() for page in PAGES)
 
 
 def bash_blocks() -> list:
-    return re.findall(r"```bash\n(.*?)```", README, re.S)
+    return re.findall(r"```bash\n(.*?)```", TEXT, re.S)
 
 
-def test_linked_and_named_files_exist():
-    links = re.findall(r"\]\(([^)#:]+)\)", README)
-    named = re.findall(r"(?<![\w/.])((?:tools|configs|docs|packages|tests)/[\w./-]+\.\w+)", README)
-    missing = [p for p in set(links) | set(named) if not (ROOT / p).exists()]
+def test_named_files_exist():
+    named = re.findall(r"(?<![\w/.])((?:tools|configs|docs|packages|tests)/[\w./-]+\.\w+)", TEXT)
+    missing = [p for p in set(named) if not (ROOT / p).exists()]
     assert not missing, missing
 
 
@@ -27,7 +28,7 @@ def test_extras_named_exist():
     for project in (ROOT / "packages").glob("*/pyproject.toml"):
         meta = tomllib.loads(project.read_text())["project"]
         declared[meta["name"]] = set(meta.get("optional-dependencies", {}))
-    for dist, extra in set(re.findall(r"(siirl-\w+)\[([\w-]+)\]", README)):
+    for dist, extra in set(re.findall(r"(siirl-\w+)\[([\w-]+)\]", TEXT)):
         assert extra in declared[dist], f"{dist}[{extra}]"
 
 
@@ -35,7 +36,7 @@ def test_venv_tools_named_are_installed_by_the_setup():
     setup = (ROOT / "tools/setup.sh").read_text() + (ROOT / "requirements-dev.txt").read_text()
     scripts = {name for project in (ROOT / "packages").glob("*/pyproject.toml")
                for name in tomllib.loads(project.read_text())["project"].get("scripts", {})}
-    for tool in set(re.findall(r"\.venv/bin/([\w-]+)", README)) - {"python"}:
+    for tool in set(re.findall(r"\.venv/bin/([\w-]+)", TEXT)) - {"python"}:
         assert tool in setup or tool in scripts, tool
 
 

@@ -1,9 +1,9 @@
 """The README's custom-pipeline example runs as written (issue 13), so it cannot drift.
 
-The test reads README.md itself: the python block that defines ``my_custom_pipeline`` is
-written to a temporary user folder under the file name its first line gives, and the shell
-line that runs it is run there with the ``siirl-train`` console script, no PYTHONPATH, and
-only overrides that shorten the run.
+The test reads README.md and docs/*.md themselves (the example may move between them):
+the python block that defines ``my_custom_pipeline`` is written to a temporary user folder
+under the file name its first line gives, and the shell line that runs it is run there with
+the ``siirl-train`` console script, no PYTHONPATH, and only overrides that shorten the run.
 """
 
 import json
@@ -14,14 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SHORT = ["trainer.total_training_steps=2", "trainer.logger=[]",
          "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"]
 
 
 def blocks(lang: str, needle: str) -> list:
-    return [body for kind, body in FENCE.findall(README.read_text())
+    return [body for page in PAGES for kind, body in FENCE.findall(page.read_text())
             if kind == lang and needle in body]
 
 

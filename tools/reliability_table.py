@@ -1,9 +1,9 @@
-"""The README's "What happens when..." table, rendered from the reliability corpus
+"""The "What happens when..." table of docs/reliability.md, rendered from the reliability corpus
 (tests/reliability/cases.py), so the table says exactly what the tests assert.
 
     .venv/bin/python tools/reliability_table.py            # print it
-    .venv/bin/python tools/reliability_table.py --write    # replace it in README.md
-    .venv/bin/python tools/reliability_table.py --check    # exit 1 if README.md differs
+    .venv/bin/python tools/reliability_table.py --write    # replace it in docs/reliability.md
+    .venv/bin/python tools/reliability_table.py --check    # exit 1 if docs/reliability.md differs
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "reliability.md"
 CASES_FILE = ROOT / "tests" / "reliability" / "cases.py"
 BEGIN = "<!-- reliability-table: begin (tools/reliability_table.py --write) -->"
 END = "<!-- reliability-table: end -->"
@@ -67,29 +67,30 @@ def render() -> str:
 def replace_in(text: str, block: str) -> str:
     start, stop = text.find(BEGIN), text.find(END)
     if start < 0 or stop < start:
-        raise SystemExit(f"{README}: the reliability-table markers are missing")
+        raise SystemExit(f"{PAGE}: the reliability-table markers are missing")
     return text[:start] + block + text[stop + len(END):]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="replace the table in README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    mode.add_argument("--write", action="store_true",
+                      help="replace the table in docs/reliability.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if docs/reliability.md is stale")
     args = parser.parse_args(argv)
     block = render()
     if not (args.write or args.check):
         print(block)
         return 0
-    text = README.read_text()
+    text = PAGE.read_text()
     updated = replace_in(text, block)
     if args.check:
         if updated != text:
-            print("README.md's reliability table is stale: run tools/reliability_table.py "
-                  "--write", file=sys.stderr)
+            print("docs/reliability.md's reliability table is stale: run "
+                  "tools/reliability_table.py --write", file=sys.stderr)
             return 1
         return 0
-    README.write_text(updated)
+    PAGE.write_text(updated)
     return 0
 
 

@@ -1,10 +1,10 @@
-"""The README's table of verl's configuration keys: which this configuration takes, and
-for each whether it works (read), only tunes something a run may not use (a notice),
-is refused (and why), or has another default than verl's.
+"""The table of verl's configuration keys in docs/configuration.md: which this
+configuration takes, and for each whether it works (read), only tunes something a run may
+not use (a notice), is refused (and why), or has another default than verl's.
 
     .venv/bin/python tools/verl_keys.py            # print the section
-    .venv/bin/python tools/verl_keys.py --write    # replace it in README.md
-    .venv/bin/python tools/verl_keys.py --check    # exit 1 if README.md differs
+    .venv/bin/python tools/verl_keys.py --write    # replace it in docs/configuration.md
+    .venv/bin/python tools/verl_keys.py --check    # exit 1 if docs/configuration.md differs
     .venv/bin/python tools/verl_keys.py --import-verl PATH   # refresh docs/verl_defaults.json
 
 verl's defaults come from ``docs/verl_defaults.json``: the leaf keys of verl's
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "configuration.md"
 DEFAULTS = ROOT / "docs" / "verl_defaults.json"
 BEGIN = "<!-- verl-keys: begin (tools/verl_keys.py --write) -->"
 END = "<!-- verl-keys: end -->"
@@ -128,16 +128,16 @@ def main() -> int:
     if not (args.write or args.check):
         print(section)
         return 0
-    text = README.read_text()
+    text = PAGE.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
     if args.check:
         if text[start:end] != section:
-            print("README.md's verl key table is stale: run tools/verl_keys.py --write",
+            print("docs/configuration.md's verl key table is stale: run tools/verl_keys.py --write",
                   file=sys.stderr)
             return 1
         return 0
-    README.write_text(text[:start] + section + text[end:])
-    print("README.md updated")
+    PAGE.write_text(text[:start] + section + text[end:])
+    print("docs/configuration.md updated")
     return 0
 
 

@@ -7,8 +7,8 @@ the files the case writes. Every case asserts the exit status, that the tail of 
 names the cause (``message``: regexes that must all match), that no traceback is printed
 and that committed checkpoints and metrics are intact (``checks``).
 
-``tools/reliability_table.py`` renders the README's "What happens when..." table from
-this list, so a case's ``did`` and ``says`` are written for a reader of the README.
+``tools/reliability_table.py`` renders the "What happens when..." table of docs/reliability.md
+from this list, so a case's ``did`` and ``says`` are written for a reader of that page.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class Fault:
 class Case:
     id: str
     kind: str  # a key of CLASSES
-    did: str  # what the user did, one line (README)
-    says: str  # what siiRL does, in words (README): the cause it names, or how it contains
+    did: str  # what the user did, one line (docs/reliability.md)
+    says: str  # what siiRL does, in words (the page too): the cause it names, or how it contains
     exit: Union[int, Tuple[int, ...]]  # expected exit status (a tuple: any of these)
     message: Tuple[str, ...] = ()  # regexes (case-insensitive) the end of stderr must match
     argv: Tuple[str, ...] = ()  # overrides after BASE (a later key wins)

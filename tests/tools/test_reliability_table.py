@@ -1,5 +1,5 @@
-"""README's "What happens when..." table is exactly what tools/reliability_table.py renders
-from the reliability corpus (tests/reliability/cases.py)."""
+"""docs/reliability.md's "What happens when..." table is exactly what
+tools/reliability_table.py renders from the reliability corpus (tests/reliability/cases.py)."""
 
 import importlib.util
 from pathlib import Path
@@ -15,7 +15,7 @@ def load():
     return module
 
 
-def test_readme_table_matches_the_corpus():
+def test_docs_table_matches_the_corpus():
     assert load().main(["--check"]) == 0
 
 

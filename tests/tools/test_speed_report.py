@@ -1,4 +1,4 @@
-"""README's speed section is exactly what tools/bench/speed_report.py renders from the
+"""docs/speed.md's speed section is exactly what tools/bench/speed_report.py renders from the
 committed benchmark results in docs/bench/ (so no number in it goes stale by hand)."""
 
 import importlib.util
@@ -15,7 +15,7 @@ def load():
     return module
 
 
-def test_readme_section_matches_the_committed_results():
+def test_docs_section_matches_the_committed_results():
     assert load().main(["--check"]) == 0
 
 
@@ -24,7 +24,7 @@ def test_every_result_file_is_rendered_and_names_its_command():
     block = report.render()
     for path in sorted((ROOT / "docs/bench").glob("*.json")):
         command = __import__("json").loads(path.read_text())["run"]["command"]
-        assert command in block, f"{path.name} is not in the README's speed section"
+        assert command in block, f"{path.name} is not in docs/speed.md's speed section"
 
 
 def test_replace_keeps_the_rest_of_the_text():

@@ -1,5 +1,5 @@
-"""tools/verl_keys.py: the README's table of verl's keys is current, and its comparison of
-defaults leaves computed ones alone."""
+"""tools/verl_keys.py: the table of verl's keys in docs/configuration.md is current, and
+its comparison of defaults leaves computed ones alone."""
 
 import importlib.util
 import subprocess
@@ -12,7 +12,7 @@ verl_keys = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(verl_keys)
 
 
-def test_the_readme_table_is_current():
+def test_the_docs_table_is_current():
     proc = subprocess.run([sys.executable, str(ROOT / "tools/verl_keys.py"), "--check"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,6 @@
-"""What a benchmark's JSON records about where and how it ran (for the README's speed
-section: every number there names its machine, date and command), and the batches its
-rounds take from a dataloader."""
+"""What a benchmark's JSON records about where and how it ran (for the speed section of
+docs/speed.md: every number there names its machine, date and command), and the batches
+its rounds take from a dataloader."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""The README's speed section, rendered from the benchmarks' JSON results in docs/bench/.
+"""The speed section of docs/speed.md, rendered from the benchmarks' JSON results in docs/bench/.
 
     .venv/bin/python tools/bench/speed_report.py            # print the section
-    .venv/bin/python tools/bench/speed_report.py --write    # replace it in README.md
-    .venv/bin/python tools/bench/speed_report.py --check    # exit 1 if README.md differs
+    .venv/bin/python tools/bench/speed_report.py --write    # replace it in docs/speed.md
+    .venv/bin/python tools/bench/speed_report.py --check    # exit 1 if docs/speed.md differs
 
 Each JSON file is what a benchmark wrote with ``--out docs/bench/<name>.json``; each
 records its date, machine and command line, which the section quotes. The section lives
-between the two ``speed-report`` comment lines in README.md.
+between the two ``speed-report`` comment lines in docs/speed.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "bench"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "speed.md"
 BEGIN = "<!-- speed-report: begin (tools/bench/speed_report.py --write) -->"
 END = "<!-- speed-report: end -->"
 
@@ -238,7 +238,7 @@ def render(sections: list = SECTIONS) -> str:
 def replace_in(text: str, block: str) -> str:
     start, stop = text.find(BEGIN), text.find(END)
     if start < 0 or stop < start:
-        raise SystemExit(f"{README}: the speed-report markers are missing")
+        raise SystemExit(f"{PAGE}: the speed-report markers are missing")
     return text[:start] + block + text[stop + len(END):]
 
 
@@ -252,15 +252,15 @@ def main(argv=None, render_fn: Callable[[], str] = render) -> int:
     if not (args.write or args.check):
         print(block)
         return 0
-    text = README.read_text()
+    text = PAGE.read_text()
     updated = replace_in(text, block)
     if args.check:
         if updated != text:
-            print("README.md's speed section is stale: run tools/bench/speed_report.py "
+            print("docs/speed.md's speed section is stale: run tools/bench/speed_report.py "
                   "--write", file=sys.stderr)
             return 1
         return 0
-    README.write_text(updated)
+    PAGE.write_text(updated)
     return 0
 
 

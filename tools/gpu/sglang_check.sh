@@ -12,7 +12,7 @@
 #       -e packages/siirl-core -e "packages/siirl-engine[sglang]" -e packages/siirl-envs pytest
 # The real-server test is skipped, with the reason, where sglang is not importable or no
 # GPU is visible; this script fails instead, so a GPU run cannot pass without it.
-# Record the outcome (date, device, SGLang version) in README's "The vllm rollout" section.
+# Record the outcome (date, device, SGLang version) in docs/rollout_engines.md ("The vllm rollout").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python="${PYTHON:-.venv/bin/python}"

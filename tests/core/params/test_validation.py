@@ -254,8 +254,12 @@ def test_defaults_and_shipped_presets_validate(any_machine):
 
 
 def _readme_commands():
-    readme = (REPO / "README.md").read_text()
-    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+    """The siirl-train commands of the README and of the reference pages in docs/."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
+    # docs/cluster.md's HEAD_IP is the reader's head node: an address from the documentation range
+    text = text.replace("HEAD_IP", "192.0.2.1")
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             if "siirl-train" in line:
                 yield shlex.split(line.split("siirl-train", 1)[1], comments=True)
