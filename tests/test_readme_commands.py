@@ -23,6 +23,49 @@ def test_named_files_exist():
     assert not missing, missing
 
 
+def _module_path(parts: list):
+    """The file or package folder of the module named by ``parts``, in any distribution."""
+    for src in sorted((ROOT / "packages").glob("*/src")):
+        base = src.joinpath(*parts)
+        if base.with_suffix(".py").is_file():
+            return base.with_suffix(".py")
+        if base.is_dir():
+            return base
+    return None
+
+
+def _unresolved(name: str):
+    """Why ``siirl.a.b.C`` names nothing, or None: its longest module prefix must exist and
+    the next name must be a submodule, or be defined, imported or exported in that module."""
+    parts = name.split(".")
+    for n in range(len(parts), 1, -1):
+        found = _module_path(parts[:n])
+        if found is None:
+            continue
+        if n == len(parts):
+            return None
+        attr = parts[n]
+        source = found / "__init__.py" if found.is_dir() else found
+        # defined, imported, or exported by name (__all__, a lazy-import table)
+        defined = (rf"^\s*(class|def|async def)\s+{attr}\b|^{attr}\s*[:=]|import .*\b{attr}\b"
+                   rf"|[\"']{attr}[\"']")
+        if source.is_file() and re.search(defined, source.read_text(), re.M):
+            return None
+        return f"{name}: {attr} is not in {found.relative_to(ROOT)}"
+    return f"{name}: no such module"
+
+
+def test_named_modules_and_source_files_exist():
+    plugin_groups = set(re.findall(r'"(siirl\.\w+)":', (
+        ROOT / "packages/siirl-core/src/siirl/plugins.py").read_text()))
+    dotted = set(re.findall(r"(?<![\w/.])siirl(?:\.\w+)+", TEXT)) - plugin_groups
+    problems = [_unresolved(name) for name in sorted(dotted) if "mutmut" not in name]
+    files = set(re.findall(r"(?<![\w/.])(siirl/[\w/]+\.py)", TEXT)) - {"siirl/__init__.py"}
+    problems += [f"{path}: no such file" for path in sorted(files)
+                 if not list((ROOT / "packages").glob(f"*/src/{path}"))]
+    assert not [p for p in problems if p], [p for p in problems if p]
+
+
 def test_extras_named_exist():
     declared = {}
     for project in (ROOT / "packages").glob("*/pyproject.toml"):
