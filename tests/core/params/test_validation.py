@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from siirl.errors import ConfigError
 from siirl.params.parser import parse_config
@@ -246,7 +247,7 @@ def any_machine(monkeypatch):
 
 
 def test_defaults_and_shipped_presets_validate(any_machine):
-    assert config_problems(parse_config([])) == []
+    assert config_problems(OmegaConf.to_object(parse_config([]))) == []
     presets = sorted((REPO / "configs").glob("*.yaml"))
     assert presets
     for preset in presets:

@@ -33,20 +33,21 @@ MANAGER, LEGACY_MANAGER = "reward_manager", "reward_model.reward_manager"
 
 def apply_aliases(cfg: DictConfig) -> List[str]:
     """Move the aliased keys in place; the problems found (unknown sub-keys, conflicts)."""
-    if str(OmegaConf.select(cfg, "algorithm.adv_estimator", default="")).lower() == "cpgd":
+    # cfg is the DictConfig being composed: the schema's groups read as attributes
+    if str(cfg.algorithm.adv_estimator).lower() == "cpgd":
         OmegaConf.update(cfg, "actor_rollout_ref.actor.use_cpgd_loss", True)
-    steps = OmegaConf.select(cfg, "trainer.profile_steps")
+    steps = cfg.trainer.profile_steps
     if steps:
         OmegaConf.update(cfg, "profiler.enable", True)
         OmegaConf.update(cfg, "profiler.profile_steps", list(steps), merge=False)
     problems = _reward_manager_choice(cfg)
-    kwargs = OmegaConf.select(cfg, KWARGS)
+    kwargs = cfg.reward_model.reward_kwargs
     if not isinstance(kwargs, DictConfig):
         return problems
     with open_dict(cfg):
         buffer_cfg = kwargs.pop("overlong_buffer_cfg", None)
         if buffer_cfg is not None:
-            target = OmegaConf.select(cfg, OVERLONG)
+            target = cfg.reward_model.overlong_buffer
             if not isinstance(buffer_cfg, DictConfig):
                 problems.append(f"{KWARGS}.overlong_buffer_cfg={buffer_cfg!r}: must be a "
                                 f"mapping of {', '.join(target)} (verl's name for {OVERLONG})")
@@ -58,7 +59,7 @@ def apply_aliases(cfg: DictConfig) -> List[str]:
                         continue
                     OmegaConf.update(cfg, f"{OVERLONG}.{key}", value, merge=True)
         max_resp_len = kwargs.pop("max_resp_len", None)
-        limit = OmegaConf.select(cfg, "data.max_response_length")
+        limit = cfg.data.max_response_length
         if max_resp_len is not None and max_resp_len != limit:
             problems.append(f"{KWARGS}.max_resp_len={max_resp_len} differs from "
                             f"data.max_response_length={limit}: the overlong penalty counts "
@@ -69,7 +70,7 @@ def apply_aliases(cfg: DictConfig) -> List[str]:
 def _reward_manager_choice(cfg: DictConfig) -> List[str]:
     """``reward_manager.name`` set (not following ``reward_model.reward_manager`` by its
     default interpolation) becomes ``reward_model.reward_manager``."""
-    section = OmegaConf.select(cfg, MANAGER)
+    section = cfg.reward_manager
     if not isinstance(section, DictConfig):
         return []
     importlib_source = section.get("source") == "importlib"
@@ -78,13 +79,13 @@ def _reward_manager_choice(cfg: DictConfig) -> List[str]:
     if importlib_source and not named:
         problems.append(f"{MANAGER}.source=importlib needs {MANAGER}.name: the class to load "
                         f"from {MANAGER}.module.path")
-    if importlib_source and not OmegaConf.select(cfg, f"{MANAGER}.module.path"):
+    if importlib_source and not section.module.path:
         problems.append(f"{MANAGER}.source=importlib needs {MANAGER}.module.path: the Python "
                         f"file (or pkg://module) holding the class {MANAGER}.name")
     if not named:
         return problems
     name = section.get("name")
-    legacy = OmegaConf.select(cfg, LEGACY_MANAGER)
+    legacy = cfg.reward_model.reward_manager
     if legacy not in (_LEGACY_DEFAULT, name):
         what = "the class to load" if importlib_source else "the same choice"
         problems.append(f"{MANAGER}.name={name!r} and {LEGACY_MANAGER}={legacy!r} name two "

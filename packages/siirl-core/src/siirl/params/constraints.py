@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-from omegaconf import OmegaConf
-
 from siirl.errors import ConfigError
+from siirl.params.key_paths import value_at
 from siirl.params.mini_batch_layout import critic_trains, mini_batch_share_problems
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -26,7 +25,7 @@ _MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
 
 
 def _get(config: Any, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None)
+    return value_at(config, key)
 
 
 def _size(config: Any, key: str) -> Optional[int]:

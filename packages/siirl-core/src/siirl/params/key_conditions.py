@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from omegaconf import OmegaConf
+from siirl.params.key_paths import value_at
 
 ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -14,7 +14,8 @@ Condition = Callable[[Any, str], bool]
 
 
 def get(config: Any, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(config, key, default=default)
+    """``key`` of the typed configuration (the rules name keys by their dotted path)."""
+    return value_at(config, key, default)
 
 
 def hf_rollout(config: Any, key: str) -> bool:

@@ -79,8 +79,9 @@ def _resolve_default(default: str, key: str, values: Dict[str, Any]) -> Any:
 
 
 def changed_keys(config: Any) -> Dict[str, Any]:
-    """Leaf keys whose value in ``config`` differs from the one the schema gives them here."""
-    values = OmegaConf.to_container(config, resolve=True)
+    """Leaf keys whose value in ``config`` (the typed configuration) differs from the one
+    the schema gives them here."""
+    values = dataclasses.asdict(config)
     missing = object()
     changed = {}
     for key, default in leaf_defaults().items():
@@ -143,7 +144,8 @@ def check_key_support(config: Any) -> List[str]:
 def _default_config() -> Any:
     from siirl.params import SiiRLArguments
 
-    return OmegaConf.structured(SiiRLArguments)
+    # typed like a parsed run's configuration, its interpolated defaults resolved
+    return OmegaConf.to_object(OmegaConf.structured(SiiRLArguments))
 
 
 def help_tag(key: str) -> str:

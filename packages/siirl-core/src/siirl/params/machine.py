@@ -12,15 +12,14 @@ elsewhere may have GPUs this machine lacks.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import glob
 import importlib.util
 import os
 import sys
 from typing import Any, List, Optional
 
-from omegaconf import OmegaConf
-
+from siirl.params.key_paths import value_at
 from siirl.plugins import install_hint
 
 __all__ = ["device_problems", "machine_view", "package_problems", "run_device",
@@ -32,7 +31,7 @@ ACTOR, REF, ROLLOUT = ("actor_rollout_ref.actor", "actor_rollout_ref.ref",
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(config, key, default=default)
+    return value_at(config, key, default)
 
 
 def shows_no_gpu() -> bool:
@@ -73,9 +72,7 @@ def machine_view(config: Any) -> Any:
     if str(_get(config, "trainer.device", "auto")).lower() != "auto" or \
             run_device(config) != "cpu":
         return config
-    view = copy.deepcopy(config)
-    OmegaConf.update(view, "trainer.device", "cpu")
-    return view
+    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, device="cpu"))
 
 
 def device_problems(config: Any) -> List[str]:

@@ -16,23 +16,23 @@ from __future__ import annotations
 import math
 from typing import Any, List, Optional
 
-from siirl.execution.config_select import select
+from siirl.params.key_paths import value_at
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 
 
 def _size(config: Any, key: str) -> Optional[int]:
-    value = select(config, key)
+    value = value_at(config, key)
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     return value if ok else None
 
 
 def critic_trains(config: Any) -> bool:
     """``critic.enable`` where set, else whether the estimator is GAE (PPO)."""
-    enable = select(config, "critic.enable")
+    enable = value_at(config, "critic.enable")
     if enable is not None:
         return bool(enable)
-    return str(select(config, "algorithm.adv_estimator")).lower() == "gae"
+    return str(value_at(config, "algorithm.adv_estimator")).lower() == "gae"
 
 
 def _mini_batch_sizes(config: Any) -> List[tuple]:
@@ -52,7 +52,7 @@ def loader_mini_batches(config: Any) -> int:
     step's batch afterwards, so no loader layout can line up with the mini-batches)."""
     batch = _size(config, "data.train_batch_size")
     sizes = [size for _, size in _mini_batch_sizes(config)]
-    if not batch or not sizes or select(config, "algorithm.filter_groups.enable", False):
+    if not batch or not sizes or value_at(config, "algorithm.filter_groups.enable"):
         return 1
     chunk = math.gcd(*sizes)
     return batch // chunk if batch % chunk == 0 else 1

@@ -13,9 +13,9 @@ import dataclasses
 import difflib
 import sys
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Any, Iterable, List, Optional
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from siirl.errors import ConfigError
@@ -97,14 +97,32 @@ def _parse_override(parser, text: str):
                           "(quote a value with special characters: key='...')") from None
 
 
+_ABSENT = object()
+
+
+def _node_at(cfg: DictConfig, key: str) -> Any:
+    """The value at dotted ``key`` of the config being composed (``cfg`` itself for ""),
+    or ``_ABSENT`` where no such key exists or its value is missing (``???``)."""
+    node: Any = cfg
+    for part in key.split(".") if key else ():
+        if isinstance(node, ListConfig) and part.lstrip("-").isdigit() and \
+                -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, DictConfig) and part in node:  # False for a ??? value
+            node = node[part]
+        else:
+            return _ABSENT
+    return node
+
+
 def _is_free_form(cfg: DictConfig, parent_key: str) -> bool:
     """Whether keys may be added under ``parent_key``: the nearest existing ancestor is a
     plain dict (``+custom_envs.Sok.env_type=...`` creates ``Sok`` in free-form
     ``custom_envs``)."""
-    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-    while parent is None and parent_key:
+    parent = _node_at(cfg, parent_key)
+    while parent in (None, _ABSENT) and parent_key:
         parent_key = parent_key.rsplit(".", 1)[0] if "." in parent_key else ""
-        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        parent = _node_at(cfg, parent_key)
     return isinstance(parent, DictConfig) and not dataclasses.is_dataclass(
         OmegaConf.get_type(parent))
 
@@ -114,12 +132,12 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
     parent_key = key.rsplit(".", 1)[0] if "." in key else ""
     origin = f"override '{text}'"
     if override.is_delete():
-        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+        if _node_at(cfg, key) is _ABSENT:
             raise ConfigError(f"cannot delete unknown key '{key}'{suggest(key)}")
         if not _is_free_form(cfg, parent_key):
             raise ConfigError(f"cannot delete '{key}': it is part of the schema; set it to "
                               "null instead")
-        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        parent = _node_at(cfg, parent_key)
         with open_dict(cfg):
             del parent[key.rsplit(".", 1)[-1]]
         return
@@ -137,7 +155,7 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
             with open_dict(cfg):
                 OmegaConf.update(cfg, key, value, merge=True, force_add=True)
         else:
-            if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            if _node_at(cfg, key) is _ABSENT:
                 raise ConfigError(f"unknown config key '{key}' in {origin}{suggest(key)}")
             OmegaConf.update(cfg, key, value, merge=True)
     except OmegaConfBaseException as exc:
@@ -184,14 +202,16 @@ def parse_config(overrides: Iterable[str] = (), config_file: Optional[str] = Non
         raise InvalidConfigError([*problems, str(_error_for(exc, "an interpolation (${...})"))]
                                  ) from None
     OmegaConf.set_struct(cfg, True)
+    # the checks below read the typed configuration, made once here
+    args = OmegaConf.to_object(cfg)
     if validate:
-        problems += config_problems(cfg)
+        problems += config_problems(args)
     if problems:
         raise InvalidConfigError(problems)
-    check_constraints(cfg)  # values that contradict another key: before anything loads
+    check_constraints(args)  # values that contradict another key: before anything loads
     if check_support:
         from siirl.params.key_support import check_key_support
 
-        for line in check_key_support(cfg):
+        for line in check_key_support(args):
             print(f"siirl: {line}", file=sys.stderr)
     return cfg

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from omegaconf import OmegaConf
-
 ROLLOUT = "actor_rollout_ref.rollout"
 MODES = {"sync": False, "server": True, "async": True}  # mode -> runs a server process
 # load_format values: dummy (random weights, the actor's arrive by the first weight sync)
@@ -86,10 +84,11 @@ def sglang_device_problems(device_type: Optional[str]) -> List[str]:
 
 
 def rollout_problems(config: Any, device_type: Optional[str]) -> List[str]:
-    """The validation pass's: the chosen engine rollout's problems under ``config``."""
-    rollout = OmegaConf.select(config, ROLLOUT)
-    name = str(OmegaConf.select(config, f"{ROLLOUT}.name", default="hf"))
-    if rollout is None or name not in ("vllm", "sglang"):
+    """The validation pass's: the chosen engine rollout's problems under ``config`` (the
+    typed configuration)."""
+    rollout = config.actor_rollout_ref.rollout
+    name = str(rollout.name)
+    if name not in ("vllm", "sglang"):
         return []
     try:
         return vllm_problems(rollout, device_type) if name == "vllm" else \

@@ -13,16 +13,16 @@ follows the actor's) is checked only when set on its own: a bad source is named 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import math
 from functools import cache
 from typing import Any, Dict, Iterable, List, Tuple
 
-from omegaconf import OmegaConf
-
 from siirl.errors import ConfigError
 from siirl.params.constraints import constraint_problems
+from siirl.params.key_paths import value_at
 from siirl.params.key_support import (
     REFUSED,
     changed_keys,
@@ -98,7 +98,7 @@ def _value_problem(key: str, value: Any) -> str:
 
 def value_problems(config: Any) -> List[str]:
     """One line per schema key whose value is out of its range (see ``value_rules``)."""
-    values = OmegaConf.to_container(config, resolve=True)
+    values = dataclasses.asdict(config)
     changed = changed_keys(config)
     missing = object()
     problems = []
@@ -118,12 +118,12 @@ def value_problems(config: Any) -> List[str]:
 def name_problems(config: Any) -> List[str]:
     """Names of estimators, losses... that no built-in registers, when no user code that
     could register them is configured (else the registry itself checks, at start-up)."""
-    if any(OmegaConf.select(config, key, default=None) for key in USER_CODE_KEYS):
+    if any(value_at(config, key) for key in USER_CODE_KEYS):
         return []
     problems, changed, defaults = [], changed_keys(config), leaf_defaults()
     for keys, what, names in REGISTRIES:
         for key in keys:
-            value = OmegaConf.select(config, key, default=None)
+            value = value_at(config, key)
             if _follows_another(defaults.get(key)) and key not in changed:
                 continue
             if value is not None and value not in names:
@@ -133,8 +133,9 @@ def name_problems(config: Any) -> List[str]:
 
 
 def config_problems(config: Any) -> List[str]:
-    """Every problem of a parsed configuration: ranges, names, relations, refused keys, and
-    what this machine lacks for it (a GPU, an optional package; ``siirl.params.machine``)."""
+    """Every problem of a parsed configuration (the typed ``SiiRLArguments``): ranges, names,
+    relations, refused keys, and what this machine lacks for it (a GPU, an optional package;
+    ``siirl.params.machine``)."""
     return value_problems(config) + name_problems(config) + constraint_problems(config) + \
         refused_problems(machine_view(config)) + device_problems(config) + \
         package_problems(config) + rollout_problems(config, run_device(config))
