@@ -39,6 +39,8 @@ CONTEXTS = {
     "cpu": ["trainer.device=cpu"],
     "megatron": ["actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron"],
+    # the megatron section's rules at the reference's mount (the actor's shadow them above)
+    "megatron reference": ["actor_rollout_ref.ref.strategy=megatron"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],
@@ -242,10 +244,13 @@ def test_a_gpu_is_not_refused_where_the_machine_may_show_one(no_job, capsys, mon
 
 
 # the two examples, as a user runs them: a fresh process, timed from its start; it
-# must end refused before importing torch (which loading a model or dataset needs)
+# must end refused before importing torch (which loading a model or dataset needs) or an
+# engine module (the engine package's config sections, siirl.config, are read by the parse)
 PROBE = ("import atexit, sys\n"
-         "atexit.register(lambda: print('imported:', *[m for m in ('torch', 'siirl.engine', "
-         "'transformers') if m in sys.modules], file=sys.stderr))\n"
+         "atexit.register(lambda: print('imported:', *[m for m in sys.modules if m in "
+         "('torch', 'transformers') or m.startswith('siirl.engine.') and not "
+         "m.endswith('.config') and not hasattr(sys.modules[m], '__path__')], "
+         "file=sys.stderr))\n"
          "from siirl.launch.cli import main\n"
          "sys.argv[0] = 'siirl-train'\n"
          "sys.exit(main())\n")

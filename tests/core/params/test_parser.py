@@ -128,10 +128,14 @@ def test_hydra_config_store_registration():
 
 
 def test_parsing_imports_nothing_heavy():
+    # of the engine package only the config sections it registers (siirl.config) and the
+    # packages holding them are read: no engine module
     code = ("import sys\nfrom siirl.params.parser import parse_config\n"
             "parse_config(['trainer.total_epochs=3'])\n"
-            "heavy = [m for m in ('torch', 'ray', 'transformers', 'siirl.engine') "
-            "if m in sys.modules]\nassert not heavy, heavy\n")
+            "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]\n"
+            "heavy += [m for m in sys.modules if m.startswith('siirl.engine.') and "
+            "not m.endswith('.config') and not hasattr(sys.modules[m], '__path__')]\n"
+            "assert not heavy, heavy\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -25,6 +25,7 @@ GROUPS: Dict[str, str] = {
     "siirl.reward_managers": "reward managers",
     "siirl.environments": "agentic and embodied environments",
     "siirl.pipelines": "named workflows returning a TaskGraph",
+    "siirl.config": "config sections of backends, rollouts and environments",
 }
 
 # The names siiRL's own distributions register, with the pip line that provides each
@@ -41,6 +42,7 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "remax")},
                         "agentic": "siirl-envs", "agentic_ppo": "siirl-envs",
                         "embodied": "siirl-envs"},
+    "siirl.config": {"fsdp": "siirl-engine", "megatron": "siirl-engine"},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {
@@ -49,6 +51,7 @@ _GROUP_PROVIDER = {
     "siirl.reward_managers": "siirl-engine",
     "siirl.environments": "siirl-envs",
     "siirl.pipelines": "siirl-core",
+    "siirl.config": "siirl-engine",
 }
 
 _LOCAL: Dict[str, Dict[str, Any]] = {group: {} for group in GROUPS}

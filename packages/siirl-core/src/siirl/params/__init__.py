@@ -3,6 +3,10 @@
 ``SiiRLArguments`` is the root; ``OmegaConf.structured(SiiRLArguments)`` yields a config
 whose key names and defaults follow verl's ``ppo_trainer.yaml``, plus the siiRL ``dag``
 group. The schema holds no behaviour: parsing, merging and validation live elsewhere.
+
+The sections of backends, rollouts and environments are not defined here: their packages
+register them under the entry point group ``siirl.config`` and they are mounted below when
+this package is imported (``siirl.params.sections``, ``siirl.params.compose``).
 """
 
 from dataclasses import dataclass, field
@@ -23,8 +27,6 @@ from siirl.params.model_args import (
     CheckpointArguments,
     CriticArguments,
     CriticModelArguments,
-    FSDPArguments,
-    MegatronArguments,
     ModelArguments,
     MultiTurnArguments,
     OptimArguments,
@@ -89,6 +91,18 @@ class SiiRLArguments:
         default_factory=RolloutSchedulerArguments)
 
 
+def _mount_installed_sections() -> None:
+    from siirl.params.compose import compose_schema
+    from siirl.params.sections import installed_sections
+
+    rebuilt = compose_schema(SiiRLArguments, installed_sections())
+    for name, value in list(globals().items()):
+        if isinstance(value, type) and value in rebuilt:
+            globals()[name] = rebuilt[value]
+
+
+_mount_installed_sections()
+
 __all__ = [
     "ActorArguments",
     "ActorRolloutRefArguments",
@@ -104,11 +118,9 @@ __all__ = [
     "DagArguments",
     "DataArguments",
     "EnvManagerArguments",
-    "FSDPArguments",
     "FilterGroupsArguments",
     "GenerativeJudgeArguments",
     "KLCtrlArguments",
-    "MegatronArguments",
     "ModelArguments",
     "AgentRolloutArguments",
     "MultiTurnArguments",

@@ -3,8 +3,10 @@ or fnmatch globs), their class (not applying / refused), a short tag for ``--hel
 with what works instead. ``siirl.params.key_support`` applies it: the first rule that matches
 a key and holds decides, so the order matters; keys no rule matches are read. A rule may hold
 only under a condition (``when``, from ``key_conditions``); where none holds the key is read.
-The rules of each role's backend section (``backend_key_rules``) and of the reward sections
-(``reward_key_rules``) live in modules of their own and take their places in ``RULES`` here.
+The rules of the sections that backend, rollout and environment packages register
+(``siirl.params.sections``: the general not-applying rule of each, then their own) come
+first in ``RULES``; the reward sections' rules (``reward_key_rules``) live in a module of
+their own and take their place here.
 When an issue implements a key, it deletes the key's rule.
 """
 
@@ -12,12 +14,6 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from siirl.params.backend_key_rules import (
-    NO_CONTEXT_PARALLEL,
-    OFFLOAD_ON_CPU,
-    fsdp_rules,
-    megatron_rules,
-)
 from siirl.params.key_conditions import (
     ACTOR,
     REF,
@@ -32,19 +28,15 @@ from siirl.params.key_conditions import (
     no_dynamic_sampling,
     no_dynamic_sampling_possible,
     remove_padding_off,
-    strategy_is,
 )
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
 from siirl.params.reward_key_rules import REWARD_RULES
+from siirl.params.sections import section_rules
 
-# the rule types and the fsdp engine's offload refusal are imported from here as well
-__all__ = ["NOT_APPLYING", "OFFLOAD_ON_CPU", "REFUSED", "RULES", "Rule", "always"]
+# the rule types are imported from here as well
+__all__ = ["NOT_APPLYING", "REFUSED", "RULES", "Rule", "always"]
 
 _ULYSSES = "ulysses_sequence_parallel_size"
-_NO_MEGATRON_PACKING = (
-    "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
-    "take padded micro-batches (megatron's own THD packing is not wired up); with "
-    "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
 _VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
     "mode", "chat_scheduler", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
     "load_format", "layered_summon", "max_num_batched_tokens", "max_model_len",
@@ -53,6 +45,7 @@ _VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
     "seed_per_prompt"))
 
 RULES: Tuple[Rule, ...] = (
+    *section_rules(),
     # -- algorithm
     refused("algorithm.use_pf_ppo", "pf-PPO is not implemented",
             "pf-PPO sample reweighting is not implemented; samples keep equal weights."),
@@ -113,12 +106,6 @@ RULES: Tuple[Rule, ...] = (
     refused("actor_rollout_ref.hybrid_engine", "the rollout shares the actor's weights",
             "the rollout always samples with the actor's own weights (hybrid engine); a "
             "separate rollout copy is not implemented."),
-    refused("actor_rollout_ref.model.lora_rank", "LoRA runs on the fsdp strategy",
-            "LoRA adapters are built for the fsdp actor and reference only; with "
-            "actor_rollout_ref.actor.strategy=megatron (or ref.strategy=megatron) train all "
-            "weights (lora_rank=0) or use strategy=fsdp.",
-            lambda config, key: any(str(get(config, f"{role}.strategy")) == "megatron"
-                                    for role in (ACTOR, REF))),
     notice(("actor_rollout_ref.model.lora_alpha", "actor_rollout_ref.model.target_modules",
             "actor_rollout_ref.model.exclude_modules",
             "actor_rollout_ref.model.lora_merge_on_export"), "no effect without LoRA",
@@ -130,11 +117,6 @@ RULES: Tuple[Rule, ...] = (
     notice(("critic.model.lora_alpha", "critic.model.target_modules"),
            "no effect: the critic has no LoRA",
            "the critic trains all its weights (critic.model.lora_rank is refused)."),
-    refused("actor_rollout_ref.model.use_remove_padding", "packing runs on the fsdp strategy",
-            _NO_MEGATRON_PACKING, lambda config, key: any(
-                str(get(config, f"{role}.strategy")) == "megatron" for role in (ACTOR, REF))),
-    refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
-            _NO_MEGATRON_PACKING, strategy_is("critic.strategy", megatron=True)),
     refused(("actor_rollout_ref.model.enable_activation_offload",
              "critic.model.enable_activation_offload"), "activation offload is not implemented",
             "activation offload is not implemented; enable_gradient_checkpointing "
@@ -149,31 +131,10 @@ RULES: Tuple[Rule, ...] = (
             "critic.forward_micro_batch_size"), "deprecated: set the *_per_gpu key",
            "verl's deprecated global micro-batch sizes are not read: set the matching *_per_gpu "
            "key."),
-    refused((f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
-             f"{ROLLOUT}.log_prob_use_dynamic_bsz"), "not with the megatron strategy yet",
-            "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
-            "pipeline schedule needs micro-batches of equal rows.",
-            strategy_is(f"{ACTOR}.strategy", True)),
-    refused("critic.use_dynamic_bsz", "not with the megatron strategy yet",
-            "dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
-            "pipeline schedule needs micro-batches of equal rows.",
-            strategy_is("critic.strategy", True)),
     notice((f"{ACTOR}.ppo_max_token_len_per_gpu", f"{REF}.log_prob_max_token_len_per_gpu",
             f"{ROLLOUT}.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
             "critic.forward_max_token_len_per_gpu"), "no effect without dynamic batch size",
            "token budgets only act with the matching use_dynamic_bsz=true.", budget_unused),
-    refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "Ulysses runs on the fsdp strategy",
-            "Ulysses sequence parallelism splits sequences of the fsdp engines; megatron "
-            "splits them with actor_rollout_ref.actor.megatron.tensor_model_parallel_size "
-            f"and sequence_parallel=true ({NO_CONTEXT_PARALLEL}).",
-            lambda config, key: str(get(config, f"{key.rsplit('.', 1)[0]}.strategy"))
-            == "megatron"),
-    refused("critic.ulysses_sequence_parallel_size", "Ulysses runs on the fsdp strategy",
-            "Ulysses sequence parallelism splits sequences of the fsdp engines; a megatron "
-            "critic runs in the actor's megatron parallel state, whose sequences "
-            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size with "
-            "sequence_parallel=true splits.",
-            strategy_is("critic.strategy", megatron=True)),
     refused((f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}"), "needs use_remove_padding=true",
             "Ulysses sequence parallelism splits packed rows: set "
             "actor_rollout_ref.model.use_remove_padding=true (verl requires it as well).",
@@ -195,12 +156,6 @@ RULES: Tuple[Rule, ...] = (
            "no effect: entropy in one pass",
            "verl's memory savers for the entropy are not used; it is computed in one pass "
            "(same values)."),
-    *fsdp_rules(f"{ACTOR}.fsdp_config", f"{ACTOR}.strategy", has_optimizer=True),
-    *fsdp_rules(f"{REF}.fsdp_config", f"{REF}.strategy", has_optimizer=False),
-    *fsdp_rules("critic.model.fsdp_config", "critic.strategy", has_optimizer=True),
-    *megatron_rules(f"{ACTOR}.megatron", f"{ACTOR}.strategy", "actor"),
-    *megatron_rules(f"{REF}.megatron", f"{REF}.strategy", "reference"),
-    *megatron_rules("critic.megatron", "critic.strategy", "critic"),
     # -- rollout
     notice(_VLLM_KNOBS, "no effect with the hf rollout",
            "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "

@@ -2,8 +2,10 @@
 groups are in ``reward_args``).
 
 Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus the megatron and DAPO
-keys). String defaults of the form ``${...}`` are OmegaConf interpolations, resolved
-against the root config exactly as in verl.
+keys). The training backends' sections (``fsdp_config``, ``megatron``) are not here: the
+backend packages register them (``siirl.params.sections``). String defaults of the form
+``${...}`` are OmegaConf interpolations, resolved against the root config exactly as in
+verl.
 """
 
 from dataclasses import dataclass, field
@@ -29,42 +31,6 @@ class OptimArguments:
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     total_training_steps: int = -1  # injected at runtime
-
-
-@dataclass
-class FSDPArguments:
-    """FSDP wrapping, sharding and CPU offload settings."""
-
-    wrap_policy: dict[str, Any] = field(default_factory=lambda: {"min_num_params": 0})
-    param_offload: bool = False
-    optimizer_offload: bool = False
-    offload_policy: bool = False  # fsdp2 only
-    reshard_after_forward: bool = True  # fsdp2 only
-    forward_prefetch: bool = False
-    fsdp_size: int = -1
-    model_dtype: str | None = None
-
-
-@dataclass
-class MegatronArguments:
-    """Megatron-LM parallelism and offload settings (strategy=megatron)."""
-
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: int | None = None
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int | None = None
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = True
-    use_dist_checkpointing: bool = False
-    dist_checkpointing_path: str | None = None
-    seed: int = 42
-    param_offload: bool = False
-    grad_offload: bool = False
-    optimizer_offload: bool = False
-    override_transformer_config: dict[str, Any] = field(default_factory=dict)
-    use_mbridge: bool = False
 
 
 @dataclass
@@ -188,8 +154,6 @@ class ActorArguments:
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
     # Main-job default (200k-parameter built-in model); verl's is 1e-6 for billions.
     optim: OptimArguments = field(default_factory=lambda: OptimArguments(lr=2e-4))
-    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
-    megatron: MegatronArguments = field(default_factory=MegatronArguments)
 
 
 @dataclass
@@ -197,8 +161,6 @@ class RefArguments:
     """Frozen reference policy used for KL: log-prob batch sizes and sharding."""
 
     strategy: str = "${actor_rollout_ref.actor.strategy}"
-    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
-    megatron: MegatronArguments = field(default_factory=MegatronArguments)
     use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"
     log_prob_micro_batch_size: int | None = None  # deprecated
     log_prob_micro_batch_size_per_gpu: int | None = None
@@ -342,7 +304,6 @@ class CriticModelArguments:
     lora_rank: int = 0
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
-    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
 
 
 @dataclass
@@ -373,5 +334,4 @@ class CriticArguments:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
-    megatron: MegatronArguments = field(default_factory=MegatronArguments)
 

@@ -5,8 +5,6 @@ and defaults follow verl's, except siiRL's ``style``, ``rm_weight`` and ``judge.
 from dataclasses import dataclass, field
 from typing import Any
 
-from siirl.params.model_args import FSDPArguments, MegatronArguments
-
 # --- reward_model / custom_reward_function ---
 
 
@@ -22,7 +20,6 @@ class RewardModelModelArguments:
     trust_remote_code: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)  # verl's key
     use_shm: bool = False  # verl's key
-    fsdp_config: FSDPArguments = field(default_factory=FSDPArguments)
 
 
 @dataclass
@@ -157,7 +154,6 @@ class RewardModelArguments:
     )
     sandbox_fusion: SandboxFusionArguments = field(default_factory=SandboxFusionArguments)
     overlong_buffer: OverlongBufferArguments = field(default_factory=OverlongBufferArguments)
-    megatron: MegatronArguments = field(default_factory=MegatronArguments)
     # verl's reward loop (its default since late 2025; every verl reward-model script sets
     # use_reward_loop): how verl *runs* the scoring. Key rules say what each does here.
     use_reward_loop: bool = True

@@ -13,13 +13,14 @@ from typing import Dict
 
 import torch
 
+from siirl.engine.megatron.config import MegatronArguments
 from siirl.errors import ConfigError
-from siirl.params import MegatronArguments, SiiRLArguments
+from siirl.params import SiiRLArguments
 from siirl.params.constraints import megatron_size_problems
 
 MEGATRON_KEY = "actor_rollout_ref.actor.megatron"
 # Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows
-# are consecutive workers: the planner's megatron layout (dag_worker/layouts.py) groups
+# are consecutive workers: the planner's megatron layout (dag_worker/walk/layouts.py) groups
 # consecutive ranks. (megatron's default puts PP outermost: tp-cp-ep-dp-pp.)
 RANK_ORDER = "tp-cp-ep-pp-dp"
 

@@ -1,0 +1,146 @@
+"""Configuration sections owned by the packages that read them.
+
+A backend, rollout or environment package registers each of its sections under the entry
+point group ``siirl.config`` as a ``ConfigSection``: the dataclass of its keys, where it
+mounts in the schema (one ``Mount`` per dotted path: ``critic.megatron``,
+``actor_rollout_ref.actor.fsdp_config``, ...), the value of the mount's selector key under
+which the run reads it (``critic.strategy=megatron``) and its own key rules. siirl-core
+composes ``SiiRLArguments`` from what is installed (``siirl.params.compose``) and adds one
+general rule per mount: a section whose selector names something else does not apply (one
+notice when set). So core never names a backend's keys, and a new backend is one package::
+
+    [project.entry-points."siirl.config"]
+    toy = "toy_backend.config:SECTION"
+
+Sections are read once, when ``siirl.params`` is first imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from siirl.params.key_conditions import get
+from siirl.params.key_rule_kinds import Rule, notice
+from siirl.plugins import available, load_plugin
+
+GROUP = "siirl.config"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mount:
+    """One place a section sits in the schema."""
+
+    path: str  # dotted path of the field it becomes, e.g. "critic.megatron"
+    role: str  # what its rules call the owner: actor, reference, critic, reward_model...
+    # the key whose value picks what the run uses there (critic.strategy); None: the
+    # owner of the mount writes its own rules (the section adds none there)
+    selector: Optional[str] = None
+    after: Optional[str] = None  # the sibling field it follows in the schema (None: last)
+
+    @property
+    def parent(self) -> str:
+        return self.path.rsplit(".", 1)[0] if "." in self.path else ""
+
+    @property
+    def field_name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+
+def _no_rules(mount: Mount) -> Sequence[Rule]:
+    return ()
+
+
+def _no_problems(config: Any) -> List[str]:
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSection:
+    """A section of the configuration and the rules of its keys."""
+
+    schema: type  # the dataclass of its keys (its default instance is the default)
+    mounts: Tuple[Mount, ...]
+    applies_to: Tuple[str, ...]  # selector values under which the run reads it
+    label: str  # how notices name it ("megatron settings apply only when ...")
+    # rules at each mount where the section applies: its own keys, and the owner's keys
+    # this backend cannot honour (checked before core's rules, first match decides)
+    rules: Callable[[Mount], Sequence[Rule]] = _no_rules
+    # relations between keys this backend needs, one line per problem (validation pass)
+    constraints: Callable[[Any], List[str]] = _no_problems
+
+    def __post_init__(self) -> None:
+        if not dataclasses.is_dataclass(self.schema):
+            raise TypeError(f"a config section's schema must be a dataclass, "
+                            f"not {self.schema!r}")
+
+
+def _load_sections() -> Dict[str, ConfigSection]:
+    sections = {}
+    for name in available(GROUP):
+        section = load_plugin(GROUP, name)
+        if not isinstance(section, ConfigSection):
+            raise TypeError(f"entry point '{name}' in group '{GROUP}' must name a "
+                            f"siirl.params.sections.ConfigSection, not {type(section).__name__}")
+        sections[name] = section
+    return sections
+
+
+_SECTIONS: Optional[Dict[str, ConfigSection]] = None
+
+
+def installed_sections() -> Dict[str, ConfigSection]:
+    """Every registered section by entry-point name (read once per process)."""
+    global _SECTIONS
+    if _SECTIONS is None:
+        _SECTIONS = _load_sections()
+    return _SECTIONS
+
+
+def mounted_at(path: str) -> Optional[ConfigSection]:
+    """The section mounted at ``path``, or None."""
+    for section in installed_sections().values():
+        if any(m.path == path for m in section.mounts):
+            return section
+    return None
+
+
+def section_applies(section: ConfigSection, mount: Mount, config: Any) -> bool:
+    """Whether the run reads ``section`` at ``mount`` (its selector names the section)."""
+    if mount.selector is None:
+        return True
+    return str(get(config, mount.selector)) in section.applies_to
+
+
+def _not_applying(section: ConfigSection, mount: Mount) -> Rule:
+    names = " or ".join(section.applies_to)
+    return notice(f"{mount.path}.*", f"no effect unless {mount.selector.rsplit('.', 1)[-1]}="
+                  f"{'/'.join(section.applies_to)}",
+                  f"{section.label} settings apply only when {mount.selector}={names}.",
+                  lambda config, key: not section_applies(section, mount, config))
+
+
+def _while_applying(rule: Rule, section: ConfigSection, mount: Mount) -> Rule:
+    def when(config: Any, key: str) -> bool:
+        return section_applies(section, mount, config) and rule.when(config, key)
+
+    return dataclasses.replace(rule, when=when)
+
+
+def section_rules() -> Tuple[Rule, ...]:
+    """The key rules of every installed section: at each mount with a selector the general
+    not-applying rule, then the section's own rules, which hold only where it applies."""
+    rules: List[Rule] = []
+    for section in installed_sections().values():
+        for mount in section.mounts:
+            if mount.selector is None:
+                continue
+            rules.append(_not_applying(section, mount))
+            rules += [_while_applying(rule, section, mount) for rule in section.rules(mount)]
+    return tuple(rules)
+
+
+def section_constraints(config: Any) -> List[str]:
+    """Every installed section's constraints on ``config``."""
+    return [problem for section in installed_sections().values()
+            for problem in section.constraints(config)]

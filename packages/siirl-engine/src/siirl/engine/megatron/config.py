@@ -1,0 +1,160 @@
+"""The ``megatron`` section of the megatron backend: its keys (verl's names and defaults),
+where it mounts, the key rules of its keys and of the role's keys a megatron role cannot
+honour (LoRA, packing, dynamic batches, Ulysses). Registered as ``siirl.config: megatron``;
+core mounts it (``siirl.params.sections``) and says, for a role on another strategy, that
+the section does not apply. Nothing heavy is imported here (megatron-core is not)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from siirl.params.key_conditions import get
+from siirl.params.key_rule_kinds import Rule, notice, refused
+from siirl.params.sections import ConfigSection, Mount
+
+ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
+    "actor_rollout_ref.rollout"
+_MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
+                     "state stay on the GPU (on a GPU run strategy=fsdp offloads with "
+                     "fsdp_config.param_offload; a CPU run has nothing to offload).")
+_MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "sequence_parallel")
+# refused for every role by the validation pass (megatron_size_problems) and the megatron
+# engine: no rule may suggest it
+NO_CONTEXT_PARALLEL = ("context parallelism is not supported by this release (it needs "
+                       "Transformer Engine's attention)")
+_NO_PACKING = (
+    "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
+    "take padded micro-batches (megatron's own THD packing is not wired up); with "
+    "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
+_NO_DYNAMIC_BSZ = ("dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
+                   "pipeline schedule needs micro-batches of equal rows.")
+_ULYSSES = "ulysses_sequence_parallel_size"
+
+
+@dataclass
+class MegatronArguments:
+    """Megatron-LM parallelism and offload settings (strategy=megatron)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    seed: int = 42
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    use_mbridge: bool = False
+
+
+def _differs_from_actor(config: Any, key: str) -> bool:
+    return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
+
+
+def _own_role_on_megatron(config: Any, key: str) -> bool:
+    """The role of ``key`` (its ``strategy`` sibling) runs on megatron too."""
+    return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
+
+
+def _role_keys(mount: Mount) -> List[Rule]:
+    """The role's own keys a megatron role cannot honour."""
+    if mount.role == "critic":
+        return [
+            refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
+                    _NO_PACKING),
+            refused("critic.use_dynamic_bsz", "not with the megatron strategy yet",
+                    _NO_DYNAMIC_BSZ),
+            refused(f"critic.{_ULYSSES}", "Ulysses runs on the fsdp strategy",
+                    "Ulysses sequence parallelism splits sequences of the fsdp engines; a "
+                    "megatron critic runs in the actor's megatron parallel state, whose "
+                    "sequences actor_rollout_ref.actor.megatron.tensor_model_parallel_size "
+                    "with sequence_parallel=true splits."),
+        ]
+    rules = [
+        refused("actor_rollout_ref.model.lora_rank", "LoRA runs on the fsdp strategy",
+                "LoRA adapters are built for the fsdp actor and reference only; with "
+                "actor_rollout_ref.actor.strategy=megatron (or ref.strategy=megatron) train "
+                "all weights (lora_rank=0) or use strategy=fsdp."),
+        refused("actor_rollout_ref.model.use_remove_padding",
+                "packing runs on the fsdp strategy", _NO_PACKING),
+    ]
+    if mount.role == "actor":
+        rules.append(refused((f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
+                              f"{ROLLOUT}.log_prob_use_dynamic_bsz"),
+                             "not with the megatron strategy yet", _NO_DYNAMIC_BSZ))
+    # one rule for both roles' keys where both run on megatron (one line for both)
+    ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \
+        else (f"{REF}.{_ULYSSES}",)
+    rules.append(refused(ulysses, "Ulysses runs on the fsdp strategy",
+                         "Ulysses sequence parallelism splits sequences of the fsdp engines; "
+                         "megatron splits them with actor_rollout_ref.actor.megatron."
+                         "tensor_model_parallel_size and sequence_parallel=true "
+                         f"({NO_CONTEXT_PARALLEL}).", _own_role_on_megatron))
+    return rules
+
+
+def megatron_rules(mount: Mount) -> List[Rule]:
+    """The rules of one role's ``megatron`` section (and of its keys megatron cannot
+    honour) where the role runs on megatron."""
+    prefix, role = mount.path, mount.role
+    rules = []
+    if role != "actor":
+        rules += [
+            refused(tuple(f"{prefix}.{k}" for k in _MIRRORED), "set it under actor.megatron",
+                    f"the {role} runs in the actor's megatron parallel state: set the same "
+                    f"key under {ACTOR}.megatron instead.", _differs_from_actor),
+            refused(f"{prefix}.context_parallel_size", "context parallelism is not supported",
+                    f"{NO_CONTEXT_PARALLEL}; the {role} runs in the actor's megatron "
+                    "parallel state: leave it at 1 and split the model with "
+                    f"{ACTOR}.megatron.tensor_model_parallel_size (with sequence_parallel="
+                    "true) and pipeline_model_parallel_size.",
+                    lambda config, key: get(config, key) != 1),
+            notice(f"{prefix}.use_distributed_optimizer", "no effect for this role",
+                   f"the {role} does not use megatron's distributed optimizer."),
+        ]
+    optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
+    return _role_keys(mount) + rules + [
+        refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
+                                                else ()), "megatron offload is not implemented",
+                _MEGATRON_OFFLOAD),
+        notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
+        refused((f"{prefix}.expert_model_parallel_size", f"{prefix}.expert_tensor_parallel_size"),
+                "expert parallelism is not supported",
+                "expert parallelism is not supported: the megatron bridge builds dense "
+                "Llama/Qwen2 models."),
+        refused(f"{prefix}.use_dist_checkpointing", "models are built from HF weights",
+                "the megatron model is always built from the Hugging Face weights of the "
+                "model path; starting from a megatron dist checkpoint is not supported."),
+        notice(f"{prefix}.dist_checkpointing_path", "no effect without use_dist_checkpointing",
+               "it only acts with use_dist_checkpointing=true, which this release refuses."),
+        refused(f"{prefix}.override_transformer_config", "overrides are not applied",
+                "the TransformerConfig is derived from the Hugging Face config; change that "
+                "through actor_rollout_ref.model.override_config instead."),
+        notice(f"{prefix}.seed", "no effect: seeded from trainer.seed",
+               "megatron's RNG is seeded from trainer.seed."),
+        notice(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",
+               "siiRL's own bridge converts Hugging Face weights (Llama, Qwen2)."),
+    ]
+
+
+SECTION = ConfigSection(
+    schema=MegatronArguments,
+    mounts=(
+        Mount(f"{ACTOR}.megatron", "actor", f"{ACTOR}.strategy"),
+        Mount(f"{REF}.megatron", "reference", f"{REF}.strategy", after="strategy"),
+        Mount("critic.megatron", "critic", "critic.strategy"),
+        # the reward model's rules are the reward model's (siirl.params.reward_key_rules)
+        Mount("reward_model.megatron", "reward_model", after="overlong_buffer"),
+    ),
+    applies_to=("megatron",),
+    label="megatron",
+    rules=megatron_rules,
+)
