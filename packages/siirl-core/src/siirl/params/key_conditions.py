@@ -26,10 +26,6 @@ def engine_rollout(config: Any, key: str) -> bool:
     return str(get(config, f"{ROLLOUT}.name", "hf")).lower() in ("vllm", "sglang")
 
 
-def strategy_is(strategy_key: str, megatron: bool) -> Condition:
-    return lambda config, key: (str(get(config, strategy_key)) == "megatron") == megatron
-
-
 def custom_workflow(config: Any) -> bool:
     return any(get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
                                                  "pipeline"))
@@ -78,10 +74,6 @@ def critic_disagrees(config: Any, key: str) -> bool:
         "DEFAULT", "AGENTIC") and \
         str(get(config, "algorithm.adv_estimator", "grpo")).lower() == "gae"
     return not custom_workflow(config) and bool(get(config, key)) != runs
-
-
-def differs_from_actor(config: Any, key: str) -> bool:
-    return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
 
 
 def cpu_run(config: Any, key: str) -> bool:
