@@ -141,7 +141,7 @@ def _train(name: str, rank: int, world: int, out: str, port: int) -> list:
     graph = load_pipeline(config)
     if world == 1:
         from siirl.dag_worker.dagworker import DAGWorker
-        from siirl.dag_worker.trainer_loop import Trainer
+        from siirl.dag_worker.walk.trainer_loop import Trainer
 
         return Trainer(DAGWorker(graph, config, rank=0, world_size=1)).fit()
     from siirl.launch.worker_process import WorkerProcess

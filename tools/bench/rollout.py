@@ -72,8 +72,8 @@ def summarize(rounds: list, warmup: int = 1) -> dict:
 def setup(run_dir: str, args, overrides: list):
     from transformers import AutoConfig
 
-    from siirl.dag_worker.data_setup import build_dataloaders
-    from siirl.dag_worker.trainer_loop import configure_threads, seed_everything
+    from siirl.dag_worker.walk.data_setup import build_dataloaders
+    from siirl.dag_worker.walk.trainer_loop import configure_threads, seed_everything
     from siirl.engine.common.runtime import resolve_device
     from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES
     from siirl.engine.fsdp.engines import fsdp_actor

@@ -32,8 +32,8 @@ METHODS = ("generate", "reference", "sampler", "rollout node")
 
 
 def setup(run_dir: str, args, overrides: list):
-    from siirl.dag_worker.data_setup import build_dataloaders
-    from siirl.dag_worker.trainer_loop import configure_threads, seed_everything
+    from siirl.dag_worker.walk.data_setup import build_dataloaders
+    from siirl.dag_worker.walk.trainer_loop import configure_threads, seed_everything
     from siirl.engine.models.loader import load_model_and_tokenizer
     from siirl.engine.rollout.hf_rollout import HFRollout
     from siirl.params.parser import parse_config

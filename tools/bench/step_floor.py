@@ -31,7 +31,7 @@ from bench_info import write_result  # noqa: E402  (after the clock starts; tool
 
 def build_worker(run_dir: str, rounds: int, overrides: list):
     from siirl.dag_worker.dagworker import DAGWorker
-    from siirl.dag_worker.trainer_loop import configure_threads, seed_everything
+    from siirl.dag_worker.walk.trainer_loop import configure_threads, seed_everything
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.params.parser import parse_config
 

@@ -21,7 +21,7 @@ from bench_info import write_result  # tools/bench is on sys.path when run as a 
 
 def run(steps: int, overrides: list) -> list:
     from siirl.dag_worker.dagworker import DAGWorker
-    from siirl.dag_worker.trainer_loop import Trainer
+    from siirl.dag_worker.walk.trainer_loop import Trainer
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.params.parser import parse_config
 

@@ -77,12 +77,12 @@ GROUPS: dict[str, Group] = {
         src=CORE,
         package="siirl/dag_worker",
         mutate=("siirl/dag_worker/core_algos/*",),
-        tests=("tests/core/dag_worker/test_core_algos_advantages.py",
-               "tests/core/dag_worker/test_core_algos_kl.py",
-               "tests/core/dag_worker/test_core_algos_losses.py",
-               "tests/core/dag_worker/test_core_algos_policy_losses.py",
-               "tests/core/dag_worker/test_core_algos_mutants.py",
-               "tests/core/dag_worker/test_agent_groups.py"),  # MARFT's GAE (gae_marft)
+        tests=("tests/core/dag_worker/core_algos/test_core_algos_advantages.py",
+               "tests/core/dag_worker/core_algos/test_core_algos_kl.py",
+               "tests/core/dag_worker/core_algos/test_core_algos_losses.py",
+               "tests/core/dag_worker/core_algos/test_core_algos_policy_losses.py",
+               "tests/core/dag_worker/core_algos/test_core_algos_mutants.py",
+               "tests/core/dag_worker/multi_agent/test_agent_groups.py"),  # MARFT's GAE (gae_marft)
     ),
     "data_buffer": Group(
         src=DATA,
@@ -104,10 +104,10 @@ GROUPS: dict[str, Group] = {
     "checkpoint": Group(
         src=CORE,
         package="siirl/dag_worker",
-        mutate=("siirl/dag_worker/checkpoint_*",),
-        tests=("tests/core/dag_worker/test_checkpoint_manager.py",
-               "tests/core/dag_worker/test_checkpoint_state.py",
-               "tests/core/dag_worker/test_checkpoint_manager_mutants.py"),
+        mutate=("siirl/dag_worker/checkpoint/*",),
+        tests=("tests/core/dag_worker/checkpoint/test_checkpoint_manager.py",
+               "tests/core/dag_worker/checkpoint/test_checkpoint_state.py",
+               "tests/core/dag_worker/checkpoint/test_checkpoint_manager_mutants.py"),
     ),
     "reward": Group(
         src=ENGINE,

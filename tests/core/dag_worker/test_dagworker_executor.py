@@ -3,13 +3,13 @@
 import json
 
 import pytest
-import siirl_dagworker_helpers as h
 import torch
 
+import siirl_dagworker_helpers as h
 from siirl.dag_worker.dagworker import DAGWorker
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
-from siirl.dag_worker.node_executor import NodeExecutionError
-from siirl.dag_worker.trainer_loop import Trainer
+from siirl.dag_worker.walk.node_executor import NodeExecutionError
+from siirl.dag_worker.walk.trainer_loop import Trainer
 from siirl.data_coordinator.protocol import make_batch
 from siirl.errors import DataError, PipelineError, SiirlError
 from siirl.execution.dag.node import Node

@@ -3,9 +3,9 @@
 import pytest
 
 from siirl.dag_worker.dagworker import DAGWorker
+from siirl.dag_worker.nodes.dapo_filter import dynamic_sampling
 from siirl.execution.dag import builtin_pipelines as bp
 from siirl.execution.dag.node import NodeRole, NodeType
-from siirl.user_interface.filter_interface.dapo import dynamic_sampling
 
 INFER, TRAIN, COMPUTE = NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN, NodeType.COMPUTE
 W = "siirl.dag_worker.dagworker:DAGWorker."

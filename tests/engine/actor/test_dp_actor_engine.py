@@ -22,8 +22,8 @@ from siirl_actor_testlib import (
 )
 
 from siirl.dag_worker.core_algos import agg_loss
-from siirl.dag_worker.engine_api import ActorEngine as ActorProtocol
-from siirl.dag_worker.engine_api import ReferenceEngine as RefProtocol
+from siirl.dag_worker.walk.engine_api import ActorEngine as ActorProtocol
+from siirl.dag_worker.walk.engine_api import ReferenceEngine as RefProtocol
 from siirl.engine.fsdp.engines import fsdp_engine, fsdp_reference
 from siirl.errors import ConfigError, DataError
 from siirl_numerics import assert_all_close, assert_close, rounding, scale_of

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from siirl.dag_worker.checkpoint_errors import CheckpointError, DamagedCheckpointError
-from siirl.dag_worker.checkpoint_manager import CheckpointManager
+from siirl.dag_worker.checkpoint.errors import CheckpointError, DamagedCheckpointError
+from siirl.dag_worker.checkpoint.manager import CheckpointManager
 from siirl.engine.common import checkpoint as ckpt
 
 

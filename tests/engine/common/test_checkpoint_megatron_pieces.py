@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from siirl.dag_worker.checkpoint_errors import DamagedCheckpointError  # noqa: E402
+from siirl.dag_worker.checkpoint.errors import DamagedCheckpointError  # noqa: E402
 from siirl.engine.megatron import checkpointing  # noqa: E402
 
 ALL = ("model", "optimizer", "extra")

@@ -19,7 +19,7 @@ from siirl_critic_testlib import (
     with_values,
 )
 
-from siirl.dag_worker.engine_api import CriticEngine as CriticProtocol
+from siirl.dag_worker.walk.engine_api import CriticEngine as CriticProtocol
 from siirl.engine.common import checkpoint
 from siirl.engine.critic.value_model import response_values, value_model_from_lm
 from siirl.engine.fsdp_workers import fsdp_engine

@@ -275,7 +275,7 @@ def test_the_split_roles_lay_their_rows_out_per_group():
     per Ulysses group; the rollout and reward stay one share per worker."""
     from omegaconf import OmegaConf
 
-    from siirl.dag_worker.layouts import node_layouts, sequence_parallel_sizes
+    from siirl.dag_worker.walk.layouts import node_layouts, sequence_parallel_sizes
     from siirl.data_coordinator.data_buffer import Layout
     from siirl.execution.dag.builtin_pipelines import ppo_pipeline
 

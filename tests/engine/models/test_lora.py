@@ -183,7 +183,7 @@ def test_adapter_only_checkpoint_round_trip(tmp_path):
 
 
 def test_checkpoint_of_another_kind_is_refused(tmp_path):
-    from siirl.dag_worker.checkpoint_errors import CheckpointError
+    from siirl.dag_worker.checkpoint.errors import CheckpointError
 
     _, _, actor = trained_actor()
     actor.save_checkpoint(str(tmp_path / "lora"))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from reward_fakes import CharTokenizer, make_reward_batch
 
-from siirl.dag_worker.engine_api import RewardEngine
-from siirl.dag_worker.engines import WorkerEngines
+from siirl.dag_worker.walk.engine_api import RewardEngine
+from siirl.dag_worker.walk.engines import WorkerEngines
 from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.errors import ConfigError
 from siirl.launch.inputs import missing_inputs

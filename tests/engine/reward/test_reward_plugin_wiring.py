@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 from reward_fakes import CharTokenizer, make_reward_batch
 
-from siirl.dag_worker.engine_api import RewardEngine
-from siirl.dag_worker.engines import WorkerEngines
+from siirl.dag_worker.walk.engine_api import RewardEngine
+from siirl.dag_worker.walk.engines import WorkerEngines
 from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.engine.reward_manager.naive import NaiveRewardManager
 from siirl.plugins import available, load_plugin, register, unregister

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from siirl.dag_worker.engine_api import RolloutEngine
+from siirl.dag_worker.walk.engine_api import RolloutEngine
 from siirl.data_coordinator.protocol import get_non_tensor, group_indices, make_batch
 from siirl.engine.models.logprob import response_logprobs
 from siirl.engine.rollout.hf_rollout import HFRollout, postprocess_responses, sample_next_token

@@ -22,13 +22,18 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
-from siirl.dag_worker import algorithm_nodes, remax_baseline
-from siirl.dag_worker.agent_groups import AgentGroups, sees_all_agents
-from siirl.dag_worker.dag_utils import merge_parent_batches
 from siirl.dag_worker.data_structures import NodeOutput, StepResult
-from siirl.dag_worker.metrics_collector import MetricsCollector
-from siirl.dag_worker.node_executor import NodeExecutor
-from siirl.dag_worker.weight_sync import RolloutWeightSync, bucket_bytes_of, update_frequency_of
+from siirl.dag_worker.multi_agent.agent_groups import AgentGroups, sees_all_agents
+from siirl.dag_worker.nodes import algorithm as algorithm_nodes
+from siirl.dag_worker.nodes import remax_baseline
+from siirl.dag_worker.walk.dag_utils import merge_parent_batches
+from siirl.dag_worker.walk.metrics_collector import MetricsCollector
+from siirl.dag_worker.walk.node_executor import NodeExecutor
+from siirl.dag_worker.walk.weight_sync import (
+    RolloutWeightSync,
+    bucket_bytes_of,
+    update_frequency_of,
+)
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     ENV_SCORES,
@@ -54,7 +59,7 @@ class DAGWorker:
         workers running the same graph; ``comm`` (a ``collective.WorkerComm``) spans every
         worker of the job; ``process_groups`` (a ``ProcessGroupManager``) gives each role
         its torch.distributed group. Both are None for a single worker."""
-        from siirl.dag_worker.collective import WorkerComm
+        from siirl.dag_worker.walk.collective import WorkerComm
 
         taskgraph.validate_graph()
         self.taskgraph = taskgraph
@@ -102,8 +107,8 @@ class DAGWorker:
         """Build this worker's engines (actor first: the others share its model and
         tokenizer) and, when one of them has a tokenizer, its dataloaders (so a pipeline
         whose rollout borrows the actor's model gets its prompts without an actor node)."""
-        from siirl.dag_worker.data_setup import build_dataloaders
-        from siirl.dag_worker.layouts import entry_layout, node_layouts
+        from siirl.dag_worker.walk.data_setup import build_dataloaders
+        from siirl.dag_worker.walk.layouts import entry_layout, node_layouts
 
         if self.process_groups is not None:
             ranks, me = self.process_groups.ranks, self.comm.rank
@@ -383,7 +388,7 @@ class DAGWorker:
         a multi-agent graph for every agent group (``multi_agent_advantage``)."""
         config = config if config is not None else self.config
         if self.agents.multi:
-            from siirl.dag_worker.multi_agent_advantage import compute_agents_advantage
+            from siirl.dag_worker.multi_agent.advantage import compute_agents_advantage
 
             return compute_agents_advantage(self, batch, config, kwargs.get("node"))
         return algorithm_nodes.compute_advantage(self, batch, config, kwargs.get("node"))

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import List, Optional
 
-from siirl.dag_worker import startup
+from siirl.dag_worker.walk import startup
 from siirl.errors import ConfigError, SiirlError
 from siirl.launch import signals
 from siirl.launch.config import format_config, load_config

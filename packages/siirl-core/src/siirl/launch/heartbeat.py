@@ -61,7 +61,7 @@ class Beater:
                                         daemon=True)
 
     def info(self) -> dict:
-        from siirl.dag_worker import activity
+        from siirl.dag_worker.walk import activity
 
         running, since = activity.current()
         try:

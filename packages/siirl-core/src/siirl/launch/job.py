@@ -14,7 +14,7 @@ from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 
 def run(config: Any, print_dag: bool = False) -> Optional[list]:
     """Run the job (or only print its workflow and per-worker plan); rank 0's metric history."""
-    from siirl.dag_worker.checkpoint_storage import check_output_dir
+    from siirl.dag_worker.checkpoint.storage import check_output_dir
     from siirl.execution.config_select import select
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.execution.scheduler.launch import num_workers
@@ -40,7 +40,7 @@ def start_workers(config: Any, plan: List[WorkerAssignment]) -> list:
 
         return launch_ray(config, plan)
     from siirl.dag_worker.dagworker import DAGWorker
-    from siirl.dag_worker.trainer_loop import Trainer
+    from siirl.dag_worker.walk.trainer_loop import Trainer
 
     worker = DAGWorker(plan[0].graph, config, rank=0, world_size=1)
     return Trainer(worker).fit()  # setup() resolves every plugin before any step

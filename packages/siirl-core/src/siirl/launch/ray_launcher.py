@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
-from siirl.dag_worker import startup
+from siirl.dag_worker.walk import startup
 from siirl.errors import SiirlError, WorkerFailedError
 from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment

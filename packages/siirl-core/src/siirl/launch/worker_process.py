@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Sequence
 
-from siirl.dag_worker import startup
+from siirl.dag_worker.walk import startup
 from siirl.execution.config_select import select
 
 
@@ -66,11 +66,11 @@ class WorkerProcess:
     def _run(self, master_addr: str, master_port: int, graph: Any,
              group_ranks: Sequence[Sequence[int]], started_at: Optional[float],
              built: dict) -> Optional[List[dict]]:
-        from siirl.dag_worker.collective import WorkerComm
         from siirl.dag_worker.dagworker import DAGWorker
-        from siirl.dag_worker.engines import roles_needed
-        from siirl.dag_worker.layouts import sequence_parallel_sizes
-        from siirl.dag_worker.trainer_loop import Trainer
+        from siirl.dag_worker.walk.collective import WorkerComm
+        from siirl.dag_worker.walk.engines import roles_needed
+        from siirl.dag_worker.walk.layouts import sequence_parallel_sizes
+        from siirl.dag_worker.walk.trainer_loop import Trainer
         from siirl.execution.device import device_kind
         from siirl.execution.scheduler.process_group_manager import (
             ProcessGroupManager,

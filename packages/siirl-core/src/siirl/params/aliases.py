@@ -14,7 +14,7 @@ siiRL's implied settings.
 - verl's ``reward_manager.name`` (its newer spelling of ``reward_model.reward_manager``, which
   it still reads) -> ``reward_model.reward_manager``, the manager the reward role builds;
   with ``reward_manager.source=importlib`` it is the class loaded from
-  ``reward_manager.module.path`` (``siirl.dag_worker.reward_manager_file``). The two set to
+  ``reward_manager.module.path`` (``siirl.dag_worker.walk.reward_manager_file``). The two set to
   different managers is a conflict.
 """
 

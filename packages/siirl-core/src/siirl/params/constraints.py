@@ -119,7 +119,7 @@ def _fsdp_roles(config: Any) -> List[tuple]:
 def _sequence_parallel_fits(config: Any) -> List[str]:
     """Ulysses groups of s consecutive workers split each sequence (the reference runs in
     the actor's groups): s must divide the workers. The DAGWorker checks it again for a
-    graph that only some of the workers run (siirl.dag_worker.layouts)."""
+    graph that only some of the workers run (siirl.dag_worker.walk.layouts)."""
     workers = _workers(config)
     problems = []
     for role, _ in _fsdp_roles(config):

@@ -146,7 +146,7 @@ REWARD_RULES: Tuple[Rule, ...] = (
            "verl reads them with reward_model.reward_loop_source=importlib only (refused here: "
            "reward managers are registered plugins)."),
     # -- verl's reward_manager section: reward_manager.source and .name are read
-    #    (siirl.params.aliases, siirl.dag_worker.reward_manager_file)
+    #    (siirl.params.aliases, siirl.dag_worker.walk.reward_manager_file)
     notice(("reward_manager.module.path", "reward_manager.module.name"),
            "no effect unless reward_manager.source=importlib",
            "reward_manager.module.* name the file a manager class is loaded from with "

@@ -44,7 +44,7 @@ SCORE = "score"  # non-tensor float: the scorer's own score (before overlong sha
 OVERLONG_REWARD = "overlong_reward"  # non-tensor float <= 0: DAPO's overlong penalty
 ACC = "acc"  # non-tensor bool: answer correct; an extra key of the built-in scorers
 REWARD_BASELINES = "reward_baselines"  # float32 [B]: the score of a greedy response to the
-#                                        row's prompt (ReMax; siirl.dag_worker.remax_baseline)
+#                                        row's prompt (ReMax; siirl.dag_worker.nodes.remax_baseline)
 
 # --- actor / reference (MODEL_INFERENCE / ACTOR, REFERENCE) ---------------------------
 OLD_LOG_PROBS = "old_log_probs"  # float32 [B, R]: log-probs of the rollout policy
@@ -53,7 +53,7 @@ REF_LOG_PROB = "ref_log_prob"  # float32 [B, R]: log-probs of the reference poli
 # --- critic (MODEL_INFERENCE / CRITIC) -------------------------------------------------
 VALUES = "values"  # float32 [B, R]: value estimates of the response tokens
 
-# --- advantage (COMPUTE / ADVANTAGE, siirl.dag_worker.algorithm_nodes) ----------------
+# --- advantage (COMPUTE / ADVANTAGE, siirl.dag_worker.nodes.algorithm) ----------------
 ADVANTAGES = "advantages"  # float32 [B, R]: per-token advantages
 RETURNS = "returns"  # float32 [B, R]: returns (the critic's targets under GAE)
 

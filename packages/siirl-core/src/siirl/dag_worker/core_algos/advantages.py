@@ -61,7 +61,7 @@ from siirl.dag_worker.core_algos.common import (
     masked_whiten,
     nonempty_rows,
 )
-from siirl.dag_worker.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.name_registry import NameRegistry
 from siirl.errors import ConfigError
 
 _ADV_ESTIMATORS = NameRegistry("algorithm.adv_estimator", "advantage estimator")

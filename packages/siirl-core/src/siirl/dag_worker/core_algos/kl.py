@@ -30,7 +30,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean
-from siirl.dag_worker.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.name_registry import NameRegistry
 from siirl.data_coordinator.fields import (
     OLD_LOG_PROBS,
     REF_LOG_PROB,

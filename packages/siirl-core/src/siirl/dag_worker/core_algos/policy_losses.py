@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean, nonempty_rows
-from siirl.dag_worker.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.name_registry import NameRegistry
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 

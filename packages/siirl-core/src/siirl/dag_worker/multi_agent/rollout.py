@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from siirl.dag_worker.agent_groups import AgentGroups, prefix
 from siirl.dag_worker.data_structures import NodeOutput
+from siirl.dag_worker.multi_agent.agent_groups import AgentGroups, prefix
 from siirl.dag_worker.multi_agent.agent_process import AgentProcess, step_env
 from siirl.data_coordinator import protocol
 from siirl.data_coordinator.fields import (

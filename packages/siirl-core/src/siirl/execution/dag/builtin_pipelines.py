@@ -18,8 +18,8 @@ from siirl.execution.dag.pipeline import WORKER, Pipeline
 from siirl.execution.dag.task_graph import TaskGraph
 
 _INFER, _TRAIN, _COMPUTE = NodeType.MODEL_INFERENCE, NodeType.MODEL_TRAIN, NodeType.COMPUTE
-DAPO_FILTER = "siirl.user_interface.filter_interface.dapo:dynamic_sampling"
-EMBODIED_FILTER = "siirl.user_interface.filter_interface.embodied:embodied_local_rank_sampling"
+DAPO_FILTER = "siirl.dag_worker.nodes.dapo_filter:dynamic_sampling"
+EMBODIED_FILTER = "siirl.dag_worker.nodes.embodied_filter:embodied_local_rank_sampling"
 
 
 def chain(pipeline: Pipeline, steps) -> TaskGraph:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from siirl.dag_worker.checkpoint_errors import CheckpointError, DamagedCheckpointError
+from siirl.dag_worker.checkpoint.errors import CheckpointError, DamagedCheckpointError
 
 MODEL_FILE = "model.safetensors"
 SHARDED_DIR = "dcp"  # torch.distributed.checkpoint: one file per rank + .metadata

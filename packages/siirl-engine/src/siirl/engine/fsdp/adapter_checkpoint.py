@@ -19,7 +19,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from siirl.dag_worker.checkpoint_errors import CheckpointError, DamagedCheckpointError
+from siirl.dag_worker.checkpoint.errors import CheckpointError, DamagedCheckpointError
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.models import lora
 

@@ -3,7 +3,7 @@ hold other shards of the module, and with Ulysses which split its sequences.
 
 Without sequence parallelism both are the role's group. With
 ``ulysses_sequence_parallel_size`` s, s consecutive ranks read the same rows (the DAG
-layout gives them the same share, ``siirl.dag_worker.layouts``): batch arithmetic, loss
+layout gives them the same share, ``siirl.dag_worker.walk.layouts``): batch arithmetic, loss
 normalisers and metrics count the world/s data-parallel ranks, while FSDP2 still shards
 the module over every rank of the role, as verl does.
 """

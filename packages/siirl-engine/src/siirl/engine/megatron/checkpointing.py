@@ -14,7 +14,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from siirl.dag_worker.checkpoint_errors import DamagedCheckpointError
+from siirl.dag_worker.checkpoint.errors import DamagedCheckpointError
 
 logger = logging.getLogger(__name__)
 DIST_CKPT, EXTRA_FILE, EXTRAS_FILE = "dist_ckpt", "extra.pt", "replicated_modules.pt"

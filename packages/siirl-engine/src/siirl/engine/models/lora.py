@@ -205,7 +205,7 @@ def save_adapter(directory: str, module: torch.nn.Module,
 def read_adapter(directory: str, module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """The adapters of ``directory`` keyed by the module's own parameter names, checked
     against the module's adapters (names, shapes) before anything is changed."""
-    from siirl.dag_worker.checkpoint_errors import CheckpointError, DamagedCheckpointError
+    from siirl.dag_worker.checkpoint.errors import CheckpointError, DamagedCheckpointError
     from siirl.engine.common.checkpoint import MODEL_FILE, SHARDED_DIR, load_tensors
 
     path = os.path.join(directory, ADAPTER_WEIGHTS)

@@ -65,7 +65,7 @@ class RewardManagerBase(abc.ABC):
     """
 
     name = "base"
-    peer_roles = ("actor",)  # its tokenizer decodes the responses (siirl.dag_worker.engines)
+    peer_roles = ("actor",)  # its tokenizer decodes the responses (siirl.dag_worker.walk.engines)
     default_timeout_s = 10.0  # per call; a call scores one sample here
     num_workers = 1
 

@@ -51,7 +51,7 @@ class EmbodiedRewardManager:
     def _reduction(self) -> Any:
         """Gathers over the workers whose rows make up the batch at the reward node (the
         local no-op for one worker); a tensor-parallel peer's copy of rows adds nothing."""
-        from siirl.dag_worker.algorithm_nodes import batch_reduction
+        from siirl.dag_worker.nodes.algorithm import batch_reduction
 
         graph = getattr(self.worker, "taskgraph", None)
         node = next((n for n in graph.nodes.values() if n.node_role is NodeRole.REWARD),

@@ -39,7 +39,7 @@ class HFRollout(RolloutBase):
     """Rollout engine ``hf``: ``generate(batch, validate=False) -> NodeOutput``."""
 
     # it generates with the actor's model: the worker builds the actor even for a graph
-    # without an actor node (siirl.dag_worker.engines)
+    # without an actor node (siirl.dag_worker.walk.engines)
     peer_roles = ("actor",)
 
     def __init__(self, role: str = "rollout", config: Any = None, worker: Any = None,

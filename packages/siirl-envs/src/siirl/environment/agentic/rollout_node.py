@@ -349,7 +349,7 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                           f"(one of {NORMALIZATIONS}), grouping={norm.grouping!r} (one of "
                           f"{GROUPINGS})")
     if not validate:  # validation reports the environments' own scores
-        from siirl.dag_worker.algorithm_nodes import batch_reduction
+        from siirl.dag_worker.nodes.algorithm import batch_reduction
 
         normalize_scores(out, str(norm.grouping), str(norm.method),
                          reduction=batch_reduction(worker, node))

@@ -2,7 +2,7 @@
 
 With ``actor_rollout_ref.rollout.multi_turn.enable=true`` the worker builds the engine of
 ``rollout.name`` (hf, vllm, sglang, ...) as usual and wraps it in this one
-(``siirl.dag_worker.engines``). ``generate(batch)`` then plays a tool-calling conversation
+(``siirl.dag_worker.walk.engines``). ``generate(batch)`` then plays a tool-calling conversation
 for each prompt row and each of its ``n`` samples: the row's prompt (re-rendered from its
 ``raw_prompt`` messages with the tools' schemas when the tokenizer has a chat template and
 tools are configured) starts it; every turn all unfinished conversations go to the wrapped

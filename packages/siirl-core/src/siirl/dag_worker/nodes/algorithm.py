@@ -1,0 +1,185 @@
+"""The algorithm side of the built-in nodes: advantages (with the KL penalty in the
+reward), and the actor's pause during critic warm-up.
+
+KL in the reward (``algorithm.use_kl_in_reward``) needs the rollout policy's and the
+reference's log-probs before advantages, while the spec's pipelines compute advantages
+first. So the advantage node computes them itself in that case, and the later
+``old_log_prob`` / ``ref_log_prob`` nodes reuse the fields instead of recomputing them. The
+KL controller (``algorithm.kl_ctrl``: fixed or adaptive) lives for the whole run in the
+worker's ``algorithm_objects`` (so checkpoints carry it); with several workers its update
+uses the KL of the whole global batch, so every worker's coefficient stays the same.
+
+Several workers train like one: the estimators' batch-wide statistics, the KL controller's
+input and the advantage metrics are sums over the rows of every worker that runs the
+graph (``batch_reduction``; a tensor-parallel peer holding a copy of another's rows adds
+nothing), and prompt groups, which the estimators normalise within, are checked to be
+whole on one worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from siirl.dag_worker.data_structures import NodeOutput
+from siirl.dag_worker.walk.dag_utils import call_with_available
+from siirl.data_coordinator.fields import (
+    ADVANTAGES,
+    RESPONSE_MASK,
+    RETURNS,
+    REWARD_BASELINES,
+    TOKEN_LEVEL_REWARDS,
+    UID,
+    VALUES,
+)
+from siirl.errors import DataError
+from siirl.execution.config_select import select
+
+KL_CTRL = "kl_ctrl"
+_ESTIMATOR_SETTINGS = ("gamma", "lam", "norm_adv_by_std_in_grpo", "weight_factor_in_cpgd")
+
+
+class GlobalKLController:
+    """A KL controller whose update sees the KL of all workers' rows (row-weighted);
+    ``current_kl`` is then the whole batch's."""
+
+    def __init__(self, inner: Any, reduction: Any):
+        self.inner, self.reduction = inner, reduction
+        self.current_kl: Optional[float] = None
+
+    @property
+    def value(self) -> float:
+        return self.inner.value
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        kl_sum, rows = self.reduction.sum([float(current_kl) * int(n_steps), int(n_steps)])
+        self.current_kl = float(kl_sum) / max(float(rows), 1.0)
+        self.inner.update(self.current_kl, int(rows))
+
+
+def batch_reduction(worker: Any, node: Any = None) -> Any:
+    """Sums over the rows of every worker running this worker's graph (the one-worker
+    no-op when it runs alone); a worker holding a tensor-parallel peer's copy of the rows
+    at ``node`` adds nothing."""
+    from siirl.dag_worker.core_algos.batch_reduction import LOCAL, WorkerReduction
+    from siirl.dag_worker.walk.collective import WorkerComm
+
+    groups = getattr(worker, "process_groups", None)
+    if groups is not None:
+        comm = WorkerComm(groups.group_rank, groups.group_size, groups.control_group)
+    else:
+        comm = getattr(worker, "comm", None)
+    if comm is None or not comm.active:
+        return LOCAL
+    holds = getattr(worker, "holds_rows_of", None)
+    contributes = holds(node.node_id) if node is not None and holds is not None else True
+    return WorkerReduction(comm, contributes)
+
+
+def check_groups_whole(index: Any, reduction: Any) -> None:
+    """Group statistics are computed where the rows are: a prompt group (``uid``) must not
+    have rows on two workers. The built-in rollouts keep a prompt's samples on its worker
+    and the DataBuffer moves whole groups; a custom node that splits one stops here."""
+    if not reduction.active:
+        return
+    keys = index.tolist() if hasattr(index, "tolist") else list(index)
+    seen: set = set()
+    for part in reduction.gather(sorted(set(map(str, keys)))):
+        split = seen.intersection(part)
+        if split:
+            raise DataError(
+                f"prompt group uid={sorted(split)[0]!r} has rows on two workers at the "
+                "advantage node; group advantages need a group's rows on one worker: move "
+                "rows between workers with the DataBuffer, which keeps groups whole, or "
+                "give each worker's rows their own uids")
+        seen.update(part)
+
+
+def check_algorithm_names(config: Any) -> None:
+    """Unknown estimator or loss names fail here, at start-up, listing the registered ones
+    (not at the first step, after models were loaded)."""
+    from siirl.dag_worker import core_algos  # torch: not for a driver that only plans
+
+    core_algos.get_adv_estimator_fn(select(config, "algorithm.adv_estimator", "grpo"))
+    core_algos.get_policy_loss_fn(
+        select(config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
+
+
+def setup_algorithm_objects(worker: Any, config: Any) -> None:
+    """Objects whose state must survive a resume; created before the resume loads it."""
+    if select(config, "algorithm.use_kl_in_reward", False):
+        from siirl.dag_worker import core_algos
+
+        worker.algorithm_objects[KL_CTRL] = core_algos.get_kl_controller(
+            select(config, "algorithm.kl_ctrl"))
+
+
+def _with_log_probs(worker: Any, batch: Any, metrics: Dict[str, Any]) -> Any:
+    """The rollout policy's and the reference's log-probs, by running the worker's own
+    ``old_log_prob`` / ``ref_log_prob`` node functions early (they skip later)."""
+    for node_fn in (worker.compute_old_log_prob, worker.compute_ref_log_prob):
+        out = node_fn(batch)
+        batch = out.batch if out.batch is not None else batch
+        metrics.update(out.metrics or {})
+    return batch
+
+
+def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
+                      reduction: Any = None) -> NodeOutput:
+    """Advantages and returns by ``algorithm.adv_estimator`` (see core_algos), with batch
+    statistics over every worker's rows (``reduction``: built from ``worker`` and
+    ``node`` unless given)."""
+    from siirl.dag_worker import core_algos
+
+    if reduction is None:
+        reduction = batch_reduction(worker, node)
+    metrics: Dict[str, Any] = {}
+    if select(config, "algorithm.use_kl_in_reward", False):
+        batch = _with_log_probs(worker, batch, metrics)
+        controller = GlobalKLController(worker.algorithm_objects[KL_CTRL], reduction)
+        batch, kl_metrics = core_algos.apply_kl_penalty(
+            batch, controller, kl_penalty=select(config, "algorithm.kl_penalty", "kl"))
+        kl_metrics["actor/reward_kl_penalty"] = controller.current_kl
+        metrics.update(kl_metrics)
+    name = select(config, "algorithm.adv_estimator", "grpo")
+    estimator = core_algos.get_adv_estimator_fn(name)
+    # the estimators' argument names are the field names (verl's), except index <- uid
+    sources = {key: batch.get(key, None) for key in
+               (TOKEN_LEVEL_REWARDS, RESPONSE_MASK, VALUES, REWARD_BASELINES)}
+    if UID in batch.keys():
+        from siirl.data_coordinator.protocol import get_non_tensor
+
+        sources["index"] = get_non_tensor(batch, UID)
+        check_groups_whole(sources["index"], reduction)
+    for key in _ESTIMATOR_SETTINGS:
+        sources[key] = select(config, f"algorithm.{key}")
+    sources["reduction"] = reduction
+    advantages, returns = call_with_available(estimator, sources,
+                                              f"advantage estimator '{name}'")
+    batch[ADVANTAGES], batch[RETURNS] = advantages, returns
+    metrics.update(advantage_metrics(advantages, returns, batch[RESPONSE_MASK], reduction))
+    return NodeOutput(batch=batch, metrics=metrics)
+
+
+def advantage_metrics(advantages: Any, returns: Any, mask: Any, reduction: Any,
+                      prefix: str = "") -> Dict[str, float]:
+    """Token means of the advantages and returns over the whole batch; none when every
+    row is masked out (all filtered)."""
+    import torch
+
+    selected = mask.bool()
+
+    def total(values: Any) -> Any:
+        return torch.where(selected, values.to(torch.float64), 0.0).sum()
+
+    adv_sum, ret_sum, tokens = reduction.sum([total(advantages), total(returns),
+                                              selected.sum()])
+    if tokens <= 0:
+        return {}
+    return {f"{prefix}critic/advantages/mean": float(adv_sum / tokens),
+            f"{prefix}critic/returns/mean": float(ret_sum / tokens)}
+
+
+def actor_warming_up(worker: Any, config: Any) -> bool:
+    """``trainer.critic_warmup=k``: the actor does not train in steps 1..k (the run's own
+    step counter), only the critic does."""
+    return worker.global_step <= int(select(config, "trainer.critic_warmup", 0) or 0)

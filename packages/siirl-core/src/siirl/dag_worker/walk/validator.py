@@ -1,0 +1,98 @@
+"""Validation: greedy rollout over the validation set, scored by the reward engine."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict
+
+from siirl.dag_worker.walk import generations
+from siirl.data_coordinator.fields import (
+    COMPLETE,
+    DATA_SOURCE,
+    RESPONSE_MASK,
+    TOKEN_LEVEL_SCORES,
+)
+from siirl.data_coordinator.protocol import get_non_tensor
+from siirl.execution.config_select import select
+
+
+def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
+    """``val/score/mean`` over every validation sample and ``val/<data_source>/score/mean``;
+    with rows that say whether their task succeeded (``complete``, e.g. the AGENTIC
+    workflow's episodes), ``val/success_rate`` and ``val/<data_source>/success_rate`` too.
+
+    Each worker validates its share of the set; the per-row results of all workers are
+    combined, so the metrics are those of the whole set on any number of workers. A graph
+    whose rollout node scores its own rows (``worker.scored_rollout()``) is validated
+    through that node; otherwise the rollout engine generates and the reward engine scores.
+    """
+    sync = getattr(worker, "sync_rollout_weights", None)
+    if sync is not None:  # a resumed run may validate before its first step
+        sync()
+    rollout = worker.engines.get("rollout")
+    reward = worker.engines.get("reward")
+    scored_rollout = getattr(worker, "scored_rollout", lambda: None)()
+
+    def generate_and_score(batch: Any) -> Any:
+        if scored_rollout is not None:
+            return scored_rollout(batch).batch
+        return reward.compute_reward(rollout.generate(batch, validate=True).batch).batch
+
+    rows = []  # (data_source, score, response length, success or None)
+    batches = list(val_loader)
+    comm = getattr(worker, "comm", None)
+    if comm is not None and comm.active:
+        # Generation gathers sharded weights (a collective): every worker must call it as
+        # often as the others, so one whose share ran out repeats a discarded 1-row batch.
+        most = max(comm.all_gather(len(batches)))
+        for _ in range(most - len(batches) if batches else 0):
+            if scored_rollout is not None:
+                scored_rollout(batches[0][:1])
+            else:
+                rollout.generate(batches[0][:1], validate=True)
+    texts = []  # the generations, when validation_data_dir / log_val_generations want them
+    config = getattr(worker, "config", None)
+    folder = select(config, "trainer.validation_data_dir")
+    shown = int(select(config, "trainer.log_val_generations", 0) or 0)
+    for batch in batches:
+        scored = generate_and_score(batch)
+        if folder or shown:
+            texts += generations.lines(scored, getattr(worker, "tokenizer", None))
+        scores = scored[TOKEN_LEVEL_SCORES].sum(dim=-1).tolist()
+        lengths = scored[RESPONSE_MASK].sum(dim=-1).tolist()
+        success = scored[COMPLETE].tolist() if COMPLETE in scored.keys() else \
+            [None] * len(scores)
+        rows.extend(zip(get_non_tensor(scored, DATA_SOURCE), scores, lengths, success,
+                        strict=True))
+    step = int(getattr(worker, "global_step", 0) or 0)
+    rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    if folder and getattr(worker, "is_data_source", True):
+        generations.dump(texts, folder, step, rank, world)
+    if shown and rank == 0:
+        for line in texts[:shown]:
+            print(f"step {step}: val sample (score {line['score']}): {line['input']!r} -> "
+                  f"{line['output']!r}", flush=True)
+    if comm is not None:
+        # tensor-parallel peers validated copies of the same rows: count them once
+        rows = rows if getattr(worker, "is_data_source", True) else []
+        rows = [row for part in comm.all_gather(rows) for row in part]
+    by_source: Dict[str, list] = defaultdict(list)
+    successes: Dict[str, list] = defaultdict(list)
+    for source, score, _, success in rows:
+        by_source[source].append(score)
+        if success is not None:
+            successes[source].append(float(success))
+    lengths = [row[2] for row in rows]
+    all_scores = [s for scores in by_source.values() for s in scores]
+    if not all_scores:
+        return {}
+    metrics = {"val/score/mean": sum(all_scores) / len(all_scores),
+               "val/response_length/mean": sum(lengths) / len(lengths)}
+    for source, scores in by_source.items():
+        metrics[f"val/{source}/score/mean"] = sum(scores) / len(scores)
+    every = [s for values in successes.values() for s in values]
+    if every:
+        metrics["val/success_rate"] = sum(every) / len(every)
+        for source, values in successes.items():
+            metrics[f"val/{source}/success_rate"] = sum(values) / len(values)
+    return metrics
