@@ -17,6 +17,22 @@ def bash_blocks() -> list:
     return re.findall(r"```bash\n(.*?)```", TEXT, re.S)
 
 
+def test_the_readme_is_a_front_door_that_links_every_page():
+    """At most 400 lines (issue 31): the reference lives in docs/, and each page is linked
+    from the README or from a page it links."""
+    readme = PAGES[0].read_text()
+    assert len(readme.splitlines()) <= 400
+    reached, todo = set(), [PAGES[0]]
+    while todo:
+        page = todo.pop()
+        for target in re.findall(r"\]\(([^)#:\s]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            linked = (page.parent / target).resolve()
+            if linked not in reached and linked.exists():
+                reached.add(linked)
+                todo.append(linked)
+    assert [p.name for p in PAGES[1:] if p.resolve() not in reached] == []
+
+
 def test_named_files_exist():
     named = re.findall(r"(?<![\w/.])((?:tools|configs|docs|packages|tests)/[\w./-]+\.\w+)", TEXT)
     missing = [p for p in set(named) if not (ROOT / p).exists()]
