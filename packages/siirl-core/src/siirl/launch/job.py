@@ -16,6 +16,7 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
     """Run the job (or only print its workflow and per-worker plan); rank 0's metric history."""
     from siirl.dag_worker.checkpoint.storage import check_output_dir
     from siirl.execution.config_select import select
+    from siirl.execution.dag.planner import plan_graph
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.execution.scheduler.launch import num_workers
     from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
@@ -25,7 +26,8 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
         check_inputs(config)  # a missing dataset or model stops the job before anything loads
         if int(select(config, "trainer.nnodes", 1)) == 1:  # elsewhere: the workers' folder
             check_output_dir(select(config, "trainer.default_local_dir", "."))
-    graph = load_pipeline(config)
+    # the planner decides what of the workflow runs (what --print-dag shows is what runs)
+    graph = plan_graph(load_pipeline(config), config, num_workers(config))
     plan = TaskScheduler(num_workers(config)).schedule(graph)
     if print_dag:
         print(graph.format())

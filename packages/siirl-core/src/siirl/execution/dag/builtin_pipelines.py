@@ -9,6 +9,11 @@ Flows (spec, "Built-in Pipelines Comparison"):
             -> ref_log -> train (the greedy reply's score is each prompt's baseline)
   Embodied  rollout -> embodied_sampling -> reward -> advantage -> old_log -> ref_log -> train
             (registered by siirl-envs, whose rollout node plays the environments)
+
+These are the spec's flows; the planner (``planner.plan_graph``) decides what of them runs
+and ``--print-dag`` shows it: old_log and ref_log are "left out: <reason>" where the
+on-policy update or the absence of a KL term makes them unneeded, with KL in the reward
+they run before the advantage node, and weight-sync steps sit around rollout and training.
 """
 
 from __future__ import annotations

@@ -90,6 +90,8 @@ class Node:
     agent_group: int = 0
     config: Dict[str, Any] = field(default_factory=dict)
     agent_options: Dict[str, Any] = field(default_factory=dict)
+    # The planner's: the node runs in training steps 1..until_step only (None: every step)
+    until_step: Optional[int] = None
 
     def __post_init__(self):
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -142,5 +144,6 @@ class Node:
     def describe(self) -> str:
         deps = ", ".join(self.dependencies) or "-"
         target = self.executable_ref or getattr(self.executable, "__qualname__", "-")
+        steps = f" (steps 1-{self.until_step} only)" if self.until_step is not None else ""
         return (f"{self.node_id} [{self.node_type.name}/{self.node_role.name}] "
-                f"<- {deps} : {target}")
+                f"<- {deps} : {target}{steps}")

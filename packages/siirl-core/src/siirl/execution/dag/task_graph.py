@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from siirl.errors import PipelineError
 from siirl.execution.dag.node import Node
@@ -19,6 +19,11 @@ class TaskGraph:
         self.nodes: Dict[str, Node] = {}
         self.adj: Dict[str, List[str]] = {}
         self.rev_adj: Dict[str, List[str]] = {}
+        # Set by the planner (``planner.plan_graph``): node id -> why it is left out
+        # (``planner.LeftOut``), and the weight-sync steps it inserts (``WeightSyncStep``).
+        self.planned = False
+        self.left_out: Dict[str, Any] = {}
+        self.weight_syncs: List[Any] = []
 
     def add_node(self, node: Node) -> TaskGraph:
         if node.node_id in self.nodes:
@@ -126,6 +131,8 @@ class TaskGraph:
                                     config=dict(node.config),
                                     agent_options=dict(node.agent_options)))
         clone.build_adjacency_lists()
+        clone.planned, clone.left_out = self.planned, dict(self.left_out)
+        clone.weight_syncs = list(self.weight_syncs)
         return clone
 
     def structure(self) -> List[tuple]:
@@ -145,6 +152,13 @@ class TaskGraph:
     def format(self) -> str:
         lines = [f"TaskGraph '{self.graph_id}'" + (f": {self.description}" if self.description
                                                    else "")]
+        syncs: Dict[tuple, List[Any]] = {}
+        for step in self.weight_syncs:
+            syncs.setdefault((step.where, step.node_id), []).append(step)
         for node_id in self.get_execution_order():
+            lines.extend("  " + s.describe() for s in syncs.get(("before", node_id), []))
             lines.append("  " + self.nodes[node_id].describe())
+            lines.extend("  " + s.describe() for s in syncs.get(("after", node_id), []))
+        lines.extend(f"  left out: {node_id}: {left.reason}"
+                     for node_id, left in self.left_out.items())
         return "\n".join(lines)

@@ -77,6 +77,13 @@ def subgraph(graph: TaskGraph, node_ids: List[str], graph_id: str) -> TaskGraph:
                                     config=dict(node.config),
                                     agent_options=dict(node.agent_options)))
     sub.validate_graph()
+    # the planner's decisions about this component's nodes go with it
+    sub.planned = graph.planned
+    sub.weight_syncs = [step for step in graph.weight_syncs if step.node_id in wanted]
+    groups = {node.agent_group for node in sub.nodes.values()}
+    sub.left_out = {node_id: left for node_id, left in graph.left_out.items()
+                    if (node_id in wanted if node_id in graph.nodes
+                        else left.agent_group in groups)}
     return sub
 
 

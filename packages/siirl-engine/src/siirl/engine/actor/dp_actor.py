@@ -39,6 +39,7 @@ from siirl.data_coordinator.fields import (
     RESPONSES,
     ROLLOUT_LOG_PROBS,
 )
+from siirl.engine.actor.on_policy import first_forward_is_log_prob_pass
 from siirl.engine.common.backend import (
     FORWARD_KEYS,
     Head,
@@ -179,26 +180,20 @@ class DataParallelPPOActor(UpdatingRole):
 
     def on_policy(self, rows: int) -> bool:
         """Whether an update of ``rows`` rows starts from the rollout policy's weights and
-        reads them exactly as the log-prob pass would: one epoch over one mini-batch, not
-        shuffled, split into the same micro-batches. Its first forward then gives the old
-        log-probs bit for bit, so the separate old-log-prob forward can be skipped."""
+        reads them exactly as the log-prob pass would (``on_policy``): its first forward
+        then gives the old log-probs bit for bit, so none need computing before it."""
         if self.updater is None:
             return False
-        settings = self.updater.settings
-        if settings.epochs != 1 or settings.shuffle or rows > settings.rows_per_mini_batch(rows):
-            return False
-        if settings.token_budget is not None or self.log_prob_budget is not None:
-            # the same token plan only for the same budget
-            return settings.token_budget is not None and self.log_prob_budget is not None \
-                and settings.token_budget.max_tokens == self.log_prob_budget.max_tokens
-        log_prob_rows = int(self.log_prob_micro_batch_size or rows)
-        return min(log_prob_rows, rows) == min(settings.micro_rows(), rows)
+        return first_forward_is_log_prob_pass(self.updater.settings,
+                                              self.log_prob_micro_batch_size,
+                                              self.log_prob_budget, rows)
 
     def update_policy(self, batch: Any) -> Dict[str, float]:
         """``ppo_epochs`` passes of mini-batch updates over ``batch``; returns metrics.
 
-        Without ``old_log_probs`` in the batch (the old-log-prob node deferred them) they
-        are the update's own first forward when ``on_policy``, else computed first."""
+        Without ``old_log_probs`` in the batch (the planner left the old-log-prob node out:
+        ``on_policy``) they are the update's own first forward; a workflow without that
+        node whose update is not on-policy has them computed first."""
         if self.updater is None or self.backend.optimizer is None:
             raise RuntimeError("this actor has no optimizer; it can only compute log-probs")
         self.updater.settings.micro_rows()  # a bad micro size fails before any work

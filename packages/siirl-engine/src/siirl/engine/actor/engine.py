@@ -17,10 +17,9 @@ from siirl.dag_worker.core_algos import agg_loss
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import ATTENTION_MASK, OLD_LOG_PROBS, RESPONSE_MASK
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
+from siirl.engine.actor.on_policy import actor_update_settings, log_prob_budget
 from siirl.engine.common.backend import TrainBackend
-from siirl.engine.common.config import run_seed
-from siirl.engine.common.dynamic_batch import budget, check_backend
-from siirl.engine.common.ppo_update import UpdateSettings, turn_row_mini_batches
+from siirl.engine.common.dynamic_batch import check_backend
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.common.weight_sync import Bucket
 from siirl.params import SiiRLArguments
@@ -34,21 +33,12 @@ class ActorEngine(TrainedEngine):
                  tokenizer: Any = None, rollout_module: Optional[torch.nn.Module] = None,
                  initial_module: Optional[torch.nn.Module] = None):
         actor_cfg, rollout_cfg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-        train_budget = budget(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-        log_prob_budget = budget(rollout_cfg.log_prob_use_dynamic_bsz,
-                                 rollout_cfg.log_prob_max_token_len_per_gpu,
-                                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
-        check_backend(backend, train_budget, log_prob_budget)
-        settings = UpdateSettings(
-            actor_cfg.ppo_mini_batch_size, actor_cfg.ppo_micro_batch_size_per_gpu,
-            actor_cfg.ppo_epochs, actor_cfg.shuffle, rollout_cfg.n, backend.dp_size,
-            run_seed(cfg), token_budget=train_budget,
-            mini_batches=turn_row_mini_batches(cfg, actor_cfg.ppo_mini_batch_size))
+        settings = actor_update_settings(cfg, backend.dp_size)
+        check_backend(backend, settings.token_budget, log_prob_budget(cfg))
         self.actor = DataParallelPPOActor(
             backend, actor_cfg, heads, temperature=rollout_cfg.temperature,
             log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
-            log_prob_budget=log_prob_budget, settings=settings,
+            log_prob_budget=log_prob_budget(cfg), settings=settings,
             lr_scheduler=initial_scheduler(backend.optimizer, actor_cfg.optim,
                                            planned_steps(cfg, actor_cfg.optim)))
         super().__init__(backend, self.actor.updater, actor_cfg.optim, actor_cfg.checkpoint)
@@ -74,11 +64,6 @@ class ActorEngine(TrainedEngine):
             metrics["actor/entropy"] = float(agg_loss(entropy, batch[RESPONSE_MASK],
                                                       self.loss_agg_mode))
         return NodeOutput(batch=batch, metrics=metrics)
-
-    def defers_old_log_probs(self, batch: Any) -> bool:
-        """True when the next update can take the old log-probs from its own first forward
-        (bitwise the same values), so the old-log-prob node need not run a forward."""
-        return self.actor.on_policy(batch.batch_size[0])
 
     def update_policy(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
