@@ -15,7 +15,6 @@ same seeds at every evaluation.
 
 from __future__ import annotations
 
-import zlib
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -38,15 +37,11 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
+from siirl.environment.episodes.policy import EnginePolicy, left_padded
+from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.environment.registry import make_env
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
-
-
-def episode_seed(run_seed: int, sample_id: int, step: int) -> int:
-    """A seed per (run, prompt row, step): fresh puzzles every step, the same on replay."""
-    return zlib.crc32(f"{run_seed}:{sample_id}:{step}".encode())
-
 
 _POOLS: Dict[tuple, Any] = {}  # (processes, timeout) -> this worker's environment processes
 
@@ -101,37 +96,6 @@ def tag_of(sample_id: int, tags: Sequence[str], partition: Optional[Sequence[int
             return tag
         position -= int(share)
     return tags[-1]
-
-
-def left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
-    return {INPUT_IDS: ids, ATTENTION_MASK: mask,
-            POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0)}
-
-
-class EnginePolicy:
-    """One reply per prompt from the worker's rollout engine (HF, vLLM, ...), each seeded
-    by its episode's key."""
-
-    keyed = True
-
-    def __init__(self, rollout: Any, pad_id: int, reply_tokens: int, validate: bool):
-        self.rollout, self.pad_id = rollout, pad_id
-        self.reply_tokens, self.validate = reply_tokens, validate
-
-    def __call__(self, prompts: List[List[int]], keys: List[int]) -> List[List[int]]:
-        fields = left_padded(prompts, self.pad_id)
-        fields[SAMPLE_ID] = torch.tensor(keys, dtype=torch.long)
-        batch = protocol.make_batch(fields)
-        with self.rollout.overridden(n=1, response_length=self.reply_tokens):
-            out = self.rollout.generate(batch, validate=self.validate).batch
-        return [row[mask.bool()].tolist()
-                for row, mask in zip(out[RESPONSES], out[RESPONSE_MASK], strict=True)]
 
 
 def _rows(episodes: Sequence[Episode], pad_id: int) -> Any:
@@ -323,7 +287,8 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     for sample_id in batch[SAMPLE_ID].tolist():
         tag = tag_of(int(sample_id), tags, partition)
         seed = episode_seed(run_seed, int(sample_id), step)
-        starts += [starter(tag, seed, str(sample_id), int(sample_id) * n + k) for k in range(n)]
+        starts += [starter(tag, seed, str(sample_id), episode_key(sample_id, n, k))
+                   for k in range(n)]
     policy = EnginePolicy(rollout, pad_id, reply_tokens, validate)
     in_flight = int(scheduler.max_env_num_per_worker or 0)
 
@@ -349,10 +314,10 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                           f"(one of {NORMALIZATIONS}), grouping={norm.grouping!r} (one of "
                           f"{GROUPINGS})")
     if not validate:  # validation reports the environments' own scores
-        from siirl.dag_worker.nodes.algorithm import batch_reduction
+        from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
         normalize_scores(out, str(norm.grouping), str(norm.method),
-                         reduction=batch_reduction(worker, node))
+                         reduction=reduction_for(worker, node))
     if mode == "step" and not validate:
         out = _as_many_rows_as_peers(out, worker)
     prefix = "val-env" if validate else "env"

@@ -128,56 +128,36 @@ class TrajectoryEnvManager:
     def run(self, episodes: Sequence[Episode], policy: Policy) -> None:
         """Play every episode to its end: one policy call per turn for all active ones,
         then all their environments step together (remote ones in parallel)."""
-        while True:
-            active = [e for e in episodes if not e.done]
-            if not active:
-                return
-            self._turn(active, policy)
+        self.run_scheduled([lambda e=e: e for e in episodes], policy)
 
     def run_scheduled(self, starts: Sequence[Callable[[], Episode]], policy: Policy,
                       max_in_flight: int = 0,
                       finished: Optional[Callable[[Episode], None]] = None) -> List[Episode]:
-        """ROLL's rollout scheduler: start the episodes (``starts[i]()`` makes and resets
-        the environment) as room frees up, at most ``max_in_flight`` at once (0: all), so at
-        most that many environments exist; ``finished(episode)`` is called as each ends.
-        Returns the episodes in the order of ``starts``."""
-        pending = list(enumerate(starts))
-        slots: Dict[int, Episode] = {}
-        active: List[tuple] = []
-        try:
-            while pending or active:
-                while pending and (max_in_flight <= 0 or len(active) < max_in_flight):
-                    index, start = pending.pop(0)
-                    active.append((index, start()))
-                live = [e for _, e in active if not e.done]
-                if live:
-                    self._turn(live, policy)
-                for index, episode in [item for item in active if item[1].done]:
-                    slots[index] = episode
-                    active.remove((index, episode))
-                    if finished is not None:
-                        finished(episode)
-        finally:  # a failure mid-way still lets the caller release what is in flight
-            for _, episode in active:
-                if finished is not None:
-                    finished(episode)
-        return [slots[i] for i in range(len(starts))]
-
-    def _turn(self, active: List[Episode], policy: Policy) -> None:
+        """ROLL's rollout scheduler on the shared episode runner: start the episodes
+        (``starts[i]()`` makes and resets the environment) as room frees up, at most
+        ``max_in_flight`` at once (0: all), so at most that many environments exist;
+        ``finished(episode)`` is called as each ends. Returns the episodes in the order of
+        ``starts``."""
         from siirl.environment.agentic.env_workers import step_many
+        from siirl.environment.episodes.runner import EpisodeRunner
 
-        prompts = [list(e.ids) for e in active]
-        # a keyed policy (the rollout engine's) seeds each reply by its episode
-        replies = policy(prompts, [e.key for e in active]) if getattr(policy, "keyed", False) \
-            else policy(prompts)
-        acting = []  # (episode, action) of the replies with a parsable action
-        for episode, reply in zip(active, replies, strict=True):
-            action = self._reply(episode, list(reply))
-            if action is not None:
-                acting.append((episode, action))
-        results = step_many([e.env for e, _ in acting], [a for _, a in acting])
-        for (episode, _), result in zip(acting, results, strict=True):
-            self._stepped(episode, result)
+        def act(active: List[Episode], _slots: List[int], _turn: int) -> List[tuple]:
+            prompts = [list(e.ids) for e in active]
+            # a keyed policy (the rollout engine's) seeds each reply by its episode
+            replies = policy(prompts, [e.key for e in active]) \
+                if getattr(policy, "keyed", False) else policy(prompts)
+            acting = []  # (episode, action) of the replies with a parsable action
+            for episode, reply in zip(active, replies, strict=True):
+                action = self._reply(episode, list(reply))
+                if action is not None:
+                    acting.append((episode, action))
+            return acting
+
+        return EpisodeRunner(max_in_flight).run(
+            len(starts), lambda indices, _slots: [starts[i]() for i in indices], act,
+            step=lambda episodes, actions, _slots: step_many([e.env for e in episodes],
+                                                             actions),
+            observe=self._stepped, finished=finished)
 
     def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
         """Record the agent's reply; its action, or None after a format error (answered

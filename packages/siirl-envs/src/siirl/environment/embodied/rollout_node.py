@@ -49,9 +49,11 @@ from siirl.data_coordinator.fields import (
     TRAJECTORY_EMBEDDING,
     UID,
 )
-from siirl.environment.agentic.rollout_node import episode_seed, left_padded
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
+from siirl.environment.episodes.policy import EnginePolicy, left_padded
+from siirl.environment.episodes.runner import EpisodeRunner
+from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
@@ -62,48 +64,50 @@ class Episode(SimpleNamespace):
     action tokens it chose, the frames seen, success and reward."""
 
 
-def _policy_batch(prompts: List[List[int]], pad_id: int, images: np.ndarray,
-                  proprio: np.ndarray, keys: List[int]) -> Any:
-    fields = left_padded(prompts, pad_id)
-    fields.update({
-        PIXEL_VALUES: torch.from_numpy(np.ascontiguousarray(images)),
-        PROPRIO: torch.from_numpy(np.ascontiguousarray(proprio, dtype=np.float32)),
-        SAMPLE_ID: torch.tensor(keys, dtype=torch.long)})
-    return protocol.make_batch(fields)
+_SEEN = ("image", "proprio", "instruction")  # an observation's parts, per environment
 
 
 def play(envs: Any, episodes: List[Episode], act, chunks: int, wave: int,
          keep_in_step: bool, record_frames: bool) -> None:
-    """Play ``episodes`` in waves of ``wave`` environments, ``chunks`` chunk steps at most.
-    ``act(episodes, observations, record=True) -> [m, k, D]``. With ``keep_in_step``
-    (several workers generate with gathered weights) every chunk step calls ``act``, on one
-    episode's last observation, unrecorded, when all have finished, so the workers' calls
-    pair up."""
-    for start in range(0, len(episodes), wave):
-        group = episodes[start:start + wave]
-        env_ids = list(range(len(group)))
-        obs = envs.reset([e.task for e in group], [e.seed for e in group], env_ids)
-        current = [{k: obs[k][j] for k in ("image", "proprio", "instruction")}
-                   for j in env_ids]
+    """Play ``episodes`` on the shared episode runner, in waves of ``wave`` environments
+    (``envs``' slots), ``chunks`` chunk steps at most. ``act(episodes, observations,
+    record=True) -> [m, k, D]``. With ``keep_in_step`` (several workers generate with
+    gathered weights) every chunk step calls ``act``, on one episode's last observation,
+    unrecorded, when all have finished, so the workers' calls pair up."""
+
+    def start(indices: List[int], slots: List[int]) -> List[Episode]:
+        group = [episodes[i] for i in indices]
+        obs = envs.reset([e.task for e in group], [e.seed for e in group], slots)
         for j, episode in enumerate(group):
-            episode.frames = [current[j]["image"]] if record_frames else []
-        for _ in range(chunks):
-            live = [j for j in env_ids if not group[j].done]
-            if not live:
-                if keep_in_step:
-                    act([group[0]], [current[0]], record=False)
-                continue
-            chunk = act([group[j] for j in live], [current[j] for j in live])
-            obs, rewards, dones, infos = envs.step(chunk, live)
-            for row, j in enumerate(live):
-                episode = group[j]
-                episode.reward += float(rewards[row])
-                episode.success = episode.success or bool(infos[row].get("success"))
-                episode.done = bool(dones[row])
-                episode.error = infos[row].get("error") or episode.error
-                current[j] = {k: obs[k][row] for k in ("image", "proprio", "instruction")}
-                if record_frames:
-                    episode.frames.append(current[j]["image"])
+            episode.current = {k: obs[k][j] for k in _SEEN}
+            episode.frames = [episode.current["image"]] if record_frames else []
+        return group
+
+    def chunk_actions(live: List[Episode], _slots: List[int], _turn: int) -> list:
+        return list(zip(live, act(live, [e.current for e in live]), strict=True))
+
+    def step(playing: List[Episode], rows: list, slots: List[int]) -> list:
+        obs, rewards, dones, infos = envs.step(np.stack(rows), slots)
+        return [({k: obs[k][row] for k in _SEEN}, rewards[row], dones[row], infos[row])
+                for row in range(len(playing))]
+
+    def observe(episode: Episode, result: tuple) -> None:
+        seen, reward, done, info = result
+        episode.reward += float(reward)
+        episode.success = episode.success or bool(info.get("success"))
+        episode.done = bool(done)
+        episode.error = info.get("error") or episode.error
+        episode.current = seen
+        if record_frames:
+            episode.frames.append(seen["image"])
+
+    def idle(group: List[Episode]) -> None:
+        act([group[0]], [group[0].current], record=False)
+
+    EpisodeRunner(wave, waves=True, max_turns=chunks).run(
+        len(episodes), start, chunk_actions, step=step, observe=observe,
+        finished=lambda episode: setattr(episode, "current", None),
+        idle=idle if keep_in_step else None)
 
 
 def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
@@ -251,9 +255,9 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
         seed = episode_seed(run_seed, sample_id, step)
         for j in range(n):
             episodes.append(Episode(task=task, seed=seed, group=str(sample_id),
-                                    key=sample_id * n + j, prompt=None, tokens=[], images=[],
-                                    proprios=[], reward=0.0, success=False, done=False,
-                                    error=None, frames=[]))
+                                    key=episode_key(sample_id, n, j), prompt=None,
+                                    tokens=[], images=[], proprios=[], reward=0.0,
+                                    success=False, done=False, error=None, frames=[]))
 
     def act(playing: List[Episode], observations: List[dict], record: bool = True
             ) -> np.ndarray:
@@ -265,10 +269,11 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
                 episode.prompt = prompts[instruction]
         images = np.stack([o["image"] for o in observations])
         proprio = np.stack([o["proprio"] for o in observations])
-        rows = _policy_batch([e.prompt for e in playing], pad_id, images, proprio,
-                             [e.key for e in playing])
-        with rollout.overridden(n=1, response_length=k * action_dim):
-            out = rollout.generate(rows, validate=validate).batch
+        fields = left_padded([e.prompt for e in playing], pad_id)
+        fields.update({PIXEL_VALUES: torch.from_numpy(np.ascontiguousarray(images)),
+                       PROPRIO: torch.from_numpy(np.ascontiguousarray(proprio,
+                                                                      dtype=np.float32))})
+        out = policy.generate(fields, [e.key for e in playing])
         tokens = out[RESPONSES].numpy()
         chunk = np.stack([actions.chunk(t, action_dim) for t in tokens])
         for row, episode in enumerate(playing):
@@ -278,6 +283,7 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
                 episode.proprios.append(proprio[row])
         return chunk
 
+    policy = EnginePolicy(rollout, pad_id, k * action_dim, validate)
     comm = getattr(worker, "comm", None)
     wave = int(envs.num_envs)
     want_video = validate or _video_encoder(config) is not None
