@@ -32,7 +32,7 @@ from siirl.params.key_support import (
 )
 from siirl.params.machine import device_problems, machine_view, package_problems, run_device
 from siirl.params.rollout_settings import rollout_problems
-from siirl.params.value_rules import REGISTRIES, RULES, USER_CODE_KEYS, ValueRule, is_number
+from siirl.params.value_rules import RULES, USER_CODE_KEYS, ValueRule, is_number, registries
 
 __all__ = ["InvalidConfigError", "config_problems", "format_problems", "name_problems",
            "validate_config", "value_problems"]
@@ -116,18 +116,19 @@ def value_problems(config: Any) -> List[str]:
 
 
 def name_problems(config: Any) -> List[str]:
-    """Names of estimators, losses... that no built-in registers, when no user code that
-    could register them is configured (else the registry itself checks, at start-up)."""
+    """Names of estimators, losses... that their registry does not hold, when no user code
+    that could register them is configured (else the registry itself checks, at start-up)."""
     if any(value_at(config, key) for key in USER_CODE_KEYS):
         return []
     problems, changed, defaults = [], changed_keys(config), leaf_defaults()
-    for keys, what, names in REGISTRIES:
+    for keys, registry in registries():
+        names = registry.names()
         for key in keys:
             value = value_at(config, key)
             if _follows_another(defaults.get(key)) and key not in changed:
                 continue
             if value is not None and value not in names:
-                problems.append(f"{key}={show(value)}: must be a registered {what}: "
+                problems.append(f"{key}={show(value)}: must be a registered {registry.what}: "
                                 f"{', '.join(names)} (or one your own code registers)")
     return problems
 

@@ -8,10 +8,10 @@ left alone unless a rule says otherwise (optional keys are null by default). Eve
 must also be finite: a NaN or an infinity anywhere in the schema is refused.
 
 Names chosen from a registry that user code may extend (advantage estimators, policy
-losses, loss aggregation, KL estimators) are listed in ``REGISTRIES`` with the built-in
-ones: a name outside them is refused only when no user code is configured that could
-register it (else the registry checks it at start-up). Plugin names (engines, rollouts,
-reward managers) are checked by the plugin registry.
+losses, loss aggregation, KL estimators...) are read from the registries themselves
+(``registries()``): a name outside them is refused only when no user code is configured
+that could register it (else the registry checks it at start-up). Plugin names (engines,
+rollouts, reward managers) are checked by the plugin registry.
 """
 
 from __future__ import annotations
@@ -165,23 +165,27 @@ RULES: Tuple[ValueRule, ...] = (
           "must name the prompt column", optional=False),
 )
 
-# Names of registries user code may extend (siirl.dag_worker.core_algos register_*): the
-# built-in ones, kept equal to the registries by a test. A name outside them is refused
-# only when the configuration imports no user code that could have registered it.
-REGISTRIES = (
-    (("algorithm.adv_estimator",), "advantage estimator", (
-        "cpgd", "drgrpo", "gae", "gae_marft", "gpg", "grpo", "grpo_passk", "gspo", "opo",
-        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")),
-    ((f"{A}.loss_agg_mode", f"{C}.loss_agg_mode"), "loss aggregation mode", (
-        "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean")),
-    ((f"{A}.policy_loss.loss_mode",), "policy loss", (
-        "clip_cov", "cpgd", "geo_mean", "gpg", "gspo", "kl_cov", "vanilla")),
-    ((f"{A}.kl_loss_type", "algorithm.kl_penalty"), "KL estimator", (
-        "abs", "full", "k1", "k2", "k3", "kl", "low_var_kl", "mse")),
-    (("algorithm.kl_ctrl.type",), "KL controller", ("adaptive", "fixed")),
-    (("algorithm.weight_factor_in_cpgd",), "CPGD weight factor", (
-        "STD_weight", "clip_filter_like_weight", "naive")),
+# The keys whose value names an entry of a registry user code may extend
+# (siirl.dag_worker.core_algos register_*), with that registry's name in
+# siirl.dag_worker.core_algos.names, where the built-in names are listed without torch.
+# A name outside the registry is refused only when the configuration imports no user code
+# that could have registered it.
+REGISTRY_KEYS = (
+    (("algorithm.adv_estimator",), "ADV_ESTIMATORS"),
+    ((f"{A}.loss_agg_mode", f"{C}.loss_agg_mode"), "AGG_MODES"),
+    ((f"{A}.policy_loss.loss_mode",), "POLICY_LOSSES"),
+    ((f"{A}.kl_loss_type", "algorithm.kl_penalty"), "KL_ESTIMATORS"),
+    (("algorithm.kl_ctrl.type",), "KL_CONTROLLERS"),
+    (("algorithm.weight_factor_in_cpgd",), "CPGD_WEIGHTS"),
 )
+
+
+def registries() -> Tuple[Tuple[Tuple[str, ...], Any], ...]:
+    """(keys, registry) for each of ``REGISTRY_KEYS``: the live registries, so a name
+    registered in this process (a test, a notebook) is valid as well."""
+    from siirl.dag_worker.core_algos import names
+
+    return tuple((keys, getattr(names, registry)) for keys, registry in REGISTRY_KEYS)
 # keys naming user code, imported before the registries are read
 USER_CODE_KEYS = ("dag.custom_pipeline_fn", "dag.workflow_path", "dag.pipeline",
                   "custom_reward_function.path", "actor_rollout_ref.model.external_lib",

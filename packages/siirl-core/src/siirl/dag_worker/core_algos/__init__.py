@@ -3,12 +3,12 @@ KL estimators and controllers, entropy; each choosable piece registered by name.
 
 Modules:
 
-- ``advantages``: ``register_adv_est`` / ``get_adv_estimator_fn`` and the estimators
-  (grpo, gspo, drgrpo, cpgd, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline,
-  opo, grpo_passk, gpg, gae).
+- ``names``: the registries and the one list of built-in names (estimators, CPGD weights,
+  loss aggregation modes, policy losses, KL estimators and controllers), readable without
+  importing torch.
+- ``advantages``: ``register_adv_est`` / ``get_adv_estimator_fn`` and the estimators.
 - ``policy_losses``: ``agg_loss`` / ``agg_loss_units`` (loss_agg_mode),
-  ``register_policy_loss`` / ``get_policy_loss_fn`` and the policy losses (vanilla,
-  gspo, cpgd, gpg, clip_cov, kl_cov, geo_mean), entropy.
+  ``register_policy_loss`` / ``get_policy_loss_fn`` and the policy losses, entropy.
 - ``value``: ``compute_value_loss`` (clipped critic loss).
 - ``kl``: ``kl_penalty`` estimators, ``FixedKLController`` / ``AdaptiveKLController`` /
   ``get_kl_controller``, ``apply_kl_penalty``.
@@ -20,57 +20,12 @@ Unknown names raise ConfigError listing the registered ones. Each module's docst
 gives its formulas.
 """
 
-from siirl.dag_worker.core_algos.advantages import (
-    compute_cpgd_outcome_advantage,
-    compute_drgrpo_outcome_advantage,
-    compute_gae_advantage_return,
-    compute_gpg_outcome_advantage,
-    compute_grpo_outcome_advantage,
-    compute_grpo_passk_outcome_advantage,
-    compute_opo_outcome_advantage,
-    compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_rloo_outcome_advantage,
-    get_adv_estimator_fn,
-    register_adv_est,
-    registered_adv_estimators,
-)
-from siirl.dag_worker.core_algos.common import (
-    group_rows,
-    masked_mean,
-    masked_var,
-    masked_whiten,
-)
-from siirl.dag_worker.core_algos.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    apply_kl_penalty,
-    get_kl_controller,
-    kl_penalty,
-    register_kl_estimator,
-    registered_kl_controllers,
-    registered_kl_estimators,
-)
-from siirl.dag_worker.core_algos.policy_losses import (
-    agg_loss,
-    agg_loss_units,
-    compute_entropy_loss,
-    compute_policy_loss_clip_cov,
-    compute_policy_loss_cpgd,
-    compute_policy_loss_geo_mean,
-    compute_policy_loss_gpg,
-    compute_policy_loss_gspo,
-    compute_policy_loss_kl_cov,
-    compute_policy_loss_vanilla,
-    entropy_from_logits,
-    get_policy_loss_fn,
-    register_agg_mode,
-    register_policy_loss,
-    registered_agg_modes,
-    registered_policy_losses,
-    tis_weights,
-)
-from siirl.dag_worker.core_algos.value import compute_value_loss
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562): ``core_algos.names`` (the registries' names) is read by
+# siirl-train's validation pass, which must not import torch through this package.
+_SUBMODULES = ("advantages", "common", "kl", "policy_losses", "value", "names")
 
 __all__ = [
     "AdaptiveKLController",
@@ -117,3 +72,15 @@ __all__ = [
     "registered_kl_estimators",
     "registered_policy_losses",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in __all__:
+        for submodule in _SUBMODULES:
+            module = importlib.import_module(f"{__name__}.{submodule}")
+            if hasattr(module, name):
+                value = globals()[name] = getattr(module, name)
+                return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """Advantage estimators, chosen by ``algorithm.adv_estimator``.
 
-``register_adv_est(name)`` adds an estimator; ``get_adv_estimator_fn(name)`` returns it,
-or raises ConfigError listing the registered names. An estimator takes tensors shaped
+The built-in estimators are named in ``core_algos.names`` (read without importing torch);
+``register_adv_est(name)`` adds one; ``get_adv_estimator_fn(name)`` returns it, or raises
+ConfigError listing the registered names. An estimator takes tensors shaped
 ``[B, R]`` (and, for the group estimators, ``index``: the prompt ``uid`` of each row)
 and returns ``(advantages, returns)``, both ``[B, R]``. The DAG worker calls it with the
 arguments its signature names (see ``dag_utils.call_with_available``).
@@ -61,10 +62,9 @@ from siirl.dag_worker.core_algos.common import (
     masked_whiten,
     nonempty_rows,
 )
-from siirl.dag_worker.core_algos.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.names import ADV_ESTIMATORS as _ADV_ESTIMATORS
+from siirl.dag_worker.core_algos.names import CPGD_WEIGHTS as _CPGD_WEIGHTS
 from siirl.errors import ConfigError
-
-_ADV_ESTIMATORS = NameRegistry("algorithm.adv_estimator", "advantage estimator")
 
 
 def register_adv_est(*names: Any) -> Callable[[Callable], Callable]:
@@ -87,7 +87,6 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor):
 
 # ---- group-relative outcome estimators -------------------------------------------------
 
-@register_adv_est("grpo", "gspo")
 def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor,
                                    response_mask: torch.Tensor, index: Any,
                                    epsilon: float = 1e-6,
@@ -104,7 +103,6 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("drgrpo")
 def compute_drgrpo_outcome_advantage(token_level_rewards: torch.Tensor,
                                      response_mask: torch.Tensor, index: Any,
                                      epsilon: float = 1e-6):
@@ -114,29 +112,23 @@ def compute_drgrpo_outcome_advantage(token_level_rewards: torch.Tensor,
                                           epsilon=epsilon, norm_adv_by_std_in_grpo=False)
 
 
-# CPGD's weight factors: fn(centred, std, epsilon, batch_size, spread_groups) -> advantage
-_CPGD_WEIGHTS = NameRegistry("algorithm.weight_factor_in_cpgd", "CPGD weight factor")
-
-
-@_CPGD_WEIGHTS.register("STD_weight")
-def _cpgd_std_weight(centred, std, epsilon, batch_size, spread_groups):
+# CPGD's weight factors (named in core_algos.names):
+# fn(centred, std, epsilon, batch_size, spread_groups) -> advantage
+def cpgd_std_weight(centred, std, epsilon, batch_size, spread_groups):
     return centred / (std + epsilon)
 
 
-@_CPGD_WEIGHTS.register("clip_filter_like_weight")
-def _cpgd_clip_filter_like_weight(centred, std, epsilon, batch_size, spread_groups):
+def cpgd_clip_filter_like_weight(centred, std, epsilon, batch_size, spread_groups):
     # siiRL: (B / #groups with non-zero std) clamped at 3; with no such group B/0 = inf
     # clamps to 3 (the centred scores are all 0 then anyway).
     weight = 3.0 if spread_groups == 0 else min(batch_size / spread_groups, 3.0)
     return centred * weight
 
 
-@_CPGD_WEIGHTS.register("naive")
-def _cpgd_naive(centred, std, epsilon, batch_size, spread_groups):
+def cpgd_naive(centred, std, epsilon, batch_size, spread_groups):
     return centred
 
 
-@register_adv_est("cpgd")
 def compute_cpgd_outcome_advantage(token_level_rewards: torch.Tensor,
                                    response_mask: torch.Tensor, index: Any,
                                    epsilon: float = 1e-6,
@@ -162,7 +154,6 @@ def compute_cpgd_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("rloo")
 def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor,
                                    response_mask: torch.Tensor, index: Any,
                                    epsilon: float = 1e-6):
@@ -180,7 +171,6 @@ def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
                                                            response_mask: torch.Tensor,
                                                            index: Any,
@@ -200,7 +190,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: 
         return advantages, advantages
 
 
-@register_adv_est("opo")
 def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor,
                                   response_mask: torch.Tensor, index: Any,
                                   epsilon: float = 1e-6):
@@ -219,7 +208,6 @@ def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("grpo_passk")
 def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor,
                                          response_mask: torch.Tensor, index: Any,
                                          epsilon: float = 1e-6,
@@ -242,7 +230,6 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("gpg")
 def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor,
                                   response_mask: torch.Tensor, index: Any,
                                   epsilon: float = 1e-6, f_norm: float = 1.0,
@@ -262,7 +249,6 @@ def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor,
         return _broadcast(advantages, response_mask)
 
 
-@register_adv_est("remax")
 def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor,
                                     reward_baselines: torch.Tensor,
                                     response_mask: torch.Tensor):
@@ -277,7 +263,6 @@ def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor,
 
 # ---- token-level estimators ------------------------------------------------------------
 
-@register_adv_est("gae")
 def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
                                  response_mask: torch.Tensor, gamma: float, lam: float,
                                  reduction: BatchReduction = LOCAL):
@@ -314,7 +299,6 @@ def _raw_gae(token_level_rewards, values, response_mask, gamma: float, lam: floa
     return torch.stack(reversed_adv[::-1], dim=1)
 
 
-@register_adv_est("gae_marft")
 def compute_marft_gae_advantage_return(token_level_rewards, values, response_mask,
                                        gamma: float, lam: float,
                                        reduction: BatchReduction = LOCAL):
@@ -343,7 +327,6 @@ def compute_marft_gae_advantage_return(token_level_rewards, values, response_mas
     return advantages, returns
 
 
-@register_adv_est("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
                                                   response_mask: torch.Tensor,
                                                   gamma: Optional[float] = 1.0,

@@ -30,7 +30,8 @@ from typing import Any, Dict, Tuple
 import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean
-from siirl.dag_worker.core_algos.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.names import KL_CONTROLLERS as _KL_CONTROLLERS
+from siirl.dag_worker.core_algos.names import KL_ESTIMATORS as _KL_ESTIMATORS
 from siirl.data_coordinator.fields import (
     OLD_LOG_PROBS,
     REF_LOG_PROB,
@@ -41,9 +42,7 @@ from siirl.data_coordinator.fields import (
 from siirl.errors import ConfigError, DataError
 from siirl.execution.config_select import select
 
-# ---- estimators ----------------------------------------------------------------------
-
-_KL_ESTIMATORS = NameRegistry("kl penalty", "KL estimator")
+# ---- estimators (named in core_algos.names) ------------------------------------------
 
 
 def register_kl_estimator(*names: str):
@@ -54,31 +53,26 @@ def registered_kl_estimators() -> list:
     return _KL_ESTIMATORS.names()
 
 
-@register_kl_estimator("kl", "k1")
-def _kl_k1(logprob, ref_logprob):
+def kl_k1(logprob, ref_logprob):
     return logprob - ref_logprob
 
 
-@register_kl_estimator("abs")
-def _kl_abs(logprob, ref_logprob):
+def kl_abs(logprob, ref_logprob):
     return (logprob - ref_logprob).abs()
 
 
-@register_kl_estimator("mse", "k2")
-def _kl_k2(logprob, ref_logprob):
+def kl_k2(logprob, ref_logprob):
     return 0.5 * (logprob - ref_logprob).square()
 
 
-@register_kl_estimator("low_var_kl", "k3")
-def _kl_k3(logprob, ref_logprob):
+def kl_k3(logprob, ref_logprob):
     # Schulman's k3 = r - log r - 1 with r = ref/actor; clamps as in verl keep one
     # diverged token from producing inf/nan.
     kl = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
     return torch.clamp(torch.exp(kl) - kl - 1.0, min=-10.0, max=10.0)
 
 
-@register_kl_estimator("full")
-def _kl_full(logprob, ref_logprob):
+def kl_full(logprob, ref_logprob):
     raise ConfigError("kl penalty 'full' needs full-vocabulary log-probs of both policies; "
                       "only per-token log-probs are available here: use kl, abs, mse, "
                       "low_var_kl (or their k1/k2/k3 names, optionally with a '+' suffix)")
@@ -97,7 +91,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor,
     value = estimator(logprob, ref_logprob)
     if not straight_through:
         return value
-    k2 = _kl_k2(logprob, ref_logprob)
+    k2 = kl_k2(logprob, ref_logprob)
     return k2 - k2.detach() + value.detach()
 
 
@@ -150,16 +144,12 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-_KL_CONTROLLERS = NameRegistry("algorithm.kl_ctrl.type", "KL controller")
-
-
-@_KL_CONTROLLERS.register("fixed")
-def _fixed_controller(kl_ctrl_config: Any) -> FixedKLController:
+# the controllers by algorithm.kl_ctrl.type (named in core_algos.names)
+def fixed_controller(kl_ctrl_config: Any) -> FixedKLController:
     return FixedKLController(kl_coef=select(kl_ctrl_config, "kl_coef", 0.001))
 
 
-@_KL_CONTROLLERS.register("adaptive")
-def _adaptive_controller(kl_ctrl_config: Any) -> AdaptiveKLController:
+def adaptive_controller(kl_ctrl_config: Any) -> AdaptiveKLController:
     return AdaptiveKLController(init_kl_coef=select(kl_ctrl_config, "kl_coef", 0.001),
                                 target_kl=select(kl_ctrl_config, "target_kl", 0.1),
                                 horizon=select(kl_ctrl_config, "horizon", 10000))

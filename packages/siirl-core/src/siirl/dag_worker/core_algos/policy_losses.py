@@ -42,7 +42,8 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean, nonempty_rows
-from siirl.dag_worker.core_algos.name_registry import NameRegistry
+from siirl.dag_worker.core_algos.names import AGG_MODES as _AGG_MODES
+from siirl.dag_worker.core_algos.names import POLICY_LOSSES as _POLICY_LOSSES
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 
@@ -51,9 +52,8 @@ from siirl.execution.config_select import select
 # Each mode reduces a [B, R] loss matrix to a scalar and names the unit it averages over
 # (tokens, non-empty sequences, or none for a plain sum). The actor uses that unit to
 # weight micro-batches so that gradient accumulation reproduces the loss of the whole
-# mini-batch exactly, whatever the micro-batch size or data-parallel split.
-
-_AGG_MODES = NameRegistry("loss_agg_mode", "loss aggregation mode")
+# mini-batch exactly, whatever the micro-batch size or data-parallel split. The built-in
+# modes are the (reduce, units) pairs below, named in core_algos.names.
 
 
 def register_agg_mode(name: str, units: Optional[Callable] = None):
@@ -69,20 +69,25 @@ def _agg_mode(name: str) -> Tuple[Callable, Optional[Callable]]:
     return _AGG_MODES.get(name)
 
 
-@register_agg_mode("token-mean", units=lambda mask: mask.sum())
+def _tokens(mask):
+    return mask.sum()
+
+
+def _sequences(mask):
+    return nonempty_rows(mask).sum()
+
+
 def _token_mean(loss_mat, mask):
     return masked_mean(loss_mat, mask)
 
 
 # Fully masked rows (a filtered or empty response) are left out of the sequence mean,
 # instead of counting as zero-loss sequences (verl's torch.mean counts them).
-@register_agg_mode("seq-mean-token-sum", units=lambda mask: nonempty_rows(mask).sum())
 def _seq_mean_token_sum(loss_mat, mask):
     rows = nonempty_rows(mask)
     return ((loss_mat * mask).sum(dim=-1) * rows).sum() / rows.sum().clamp_min(1)
 
 
-@register_agg_mode("seq-mean-token-mean", units=lambda mask: nonempty_rows(mask).sum())
 def _seq_mean_token_mean(loss_mat, mask):
     rows = nonempty_rows(mask)
     row_means = (loss_mat * mask).sum(dim=-1) / mask.sum(dim=-1).clamp_min(1)
@@ -91,9 +96,14 @@ def _seq_mean_token_mean(loss_mat, mask):
 
 # Dr. GRPO: token sums divided by a constant horizon (the padded response length), so
 # the per-token weight does not depend on how long the sampled responses were.
-@register_agg_mode("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat, mask):
     return (loss_mat * mask).sum() / mask.shape[-1]
+
+
+TOKEN_MEAN = (_token_mean, _tokens)
+SEQ_MEAN_TOKEN_SUM = (_seq_mean_token_sum, _sequences)
+SEQ_MEAN_TOKEN_MEAN = (_seq_mean_token_mean, _sequences)
+SEQ_MEAN_TOKEN_SUM_NORM = (_seq_mean_token_sum_norm, None)
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor,
@@ -114,9 +124,6 @@ def registered_agg_modes() -> list:
 
 
 # ---- policy losses -------------------------------------------------------------------
-
-_POLICY_LOSSES = NameRegistry("actor_rollout_ref.actor.policy_loss.loss_mode", "policy loss")
-
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     """Register ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
@@ -159,7 +166,6 @@ def tis_weights(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor,
     return torch.exp(log_ratio).clamp(max=cap).detach()
 
 
-@register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                 advantages: torch.Tensor, response_mask: torch.Tensor,
                                 loss_agg_mode: str = "token-mean", config: Any = None,
@@ -198,7 +204,6 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-@register_policy_loss("gspo")
 def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                              advantages: torch.Tensor, response_mask: torch.Tensor,
                              loss_agg_mode: str = "seq-mean-token-mean", config: Any = None):
@@ -228,7 +233,6 @@ def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
     return pg_loss, pg_clipfrac, ppo_kl, _zero(pg_loss)
 
 
-@register_policy_loss("cpgd")
 def compute_policy_loss_cpgd(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                              advantages: torch.Tensor, response_mask: torch.Tensor,
                              loss_agg_mode: str = "token-mean", config: Any = None):
@@ -262,7 +266,6 @@ def compute_policy_loss_cpgd(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-@register_policy_loss("gpg")
 def compute_policy_loss_gpg(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                             advantages: torch.Tensor, response_mask: torch.Tensor,
                             loss_agg_mode: str = "token-mean", config: Any = None):
@@ -273,7 +276,6 @@ def compute_policy_loss_gpg(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
     return pg_loss, zero, zero, zero
 
 
-@register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                  advantages: torch.Tensor, response_mask: torch.Tensor,
                                  loss_agg_mode: str = "token-mean", config: Any = None):
@@ -316,7 +318,6 @@ def compute_policy_loss_clip_cov(old_log_prob: torch.Tensor, log_prob: torch.Ten
     return pg_loss, pg_clipfrac, ppo_kl, _zero(pg_loss)
 
 
-@register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                advantages: torch.Tensor, response_mask: torch.Tensor,
                                loss_agg_mode: str = "token-mean", config: Any = None):
@@ -356,7 +357,6 @@ def compute_policy_loss_kl_cov(old_log_prob: torch.Tensor, log_prob: torch.Tenso
     return pg_loss, zero, ppo_kl_abs, zero
 
 
-@register_policy_loss("geo_mean")
 def compute_policy_loss_geo_mean(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                                  advantages: torch.Tensor, response_mask: torch.Tensor,
                                  loss_agg_mode: str = "token-mean", config: Any = None):
