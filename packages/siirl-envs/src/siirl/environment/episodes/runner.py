@@ -130,4 +130,3 @@ class _Turn:
         results = self.step(episodes, [a for _, a in acting], [slot_of[id(e)] for e in episodes])
         for episode, result in zip(episodes, results, strict=True):
             self.observe(episode, result)
-
