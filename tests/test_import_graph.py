@@ -10,6 +10,7 @@ to list every finding.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,13 @@ ENGINE_BACKENDS = {
     "megatron": ("siirl.engine.megatron", "siirl.engine.megatron_workers"),
     "rollout": ("siirl.engine.rollout",),
 }
+# The siirl-core modules siirl-engine and siirl-envs may import are the bullets under this
+# heading of docs/architecture.md, so the page and the check cannot disagree.
+SURFACE_DOC = ROOT / "docs" / "architecture.md"
+SURFACE_HEADING = "## Core's public surface for engines"
+PLUGIN_DISTS = ("siirl-engine", "siirl-envs")
+# Outside the surface and on its way out of every package (issue 31: config typed once).
+LEAVING = ("siirl.execution.config_select",)
 
 
 @dataclass
@@ -231,6 +239,31 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def engine_surface(doc: Path = SURFACE_DOC) -> List[str]:
+    """The modules listed (``- `siirl.x.y` ...``) under SURFACE_HEADING in ``doc``."""
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    if SURFACE_HEADING not in lines:
+        raise AssertionError(f"{doc}: no {SURFACE_HEADING!r} section; it lists the core "
+                             "modules the engine and environment packages may import")
+    surface = []
+    for line in lines[lines.index(SURFACE_HEADING) + 1:]:
+        if line.startswith("## "):
+            break
+        listed = re.match(r"- `(siirl(?:\.\w+)+)`", line)
+        if listed:
+            surface.append(listed.group(1))
+    return surface
+
+
+def outside_surface(modules: Dict[str, Module], surface: List[str]) -> List[str]:
+    return [f"{_where(m, imp)} imports {imp.target} (not in core's public surface for "
+            f"engines, {SURFACE_DOC.relative_to(ROOT)})"
+            for m in modules.values() if m.dist in PLUGIN_DISTS
+            for imp in m.imports
+            if imp.ours and modules[imp.target].dist == "siirl-core"
+            and imp.target not in surface and imp.target not in LEAVING]
+
+
 def _where(module: Module, imp: Import) -> str:
     return f"{module.where}:{imp.line} ({module.name})"
 
@@ -287,7 +320,35 @@ def test_engine_backends_never_import_each_other(graph):
     assert not found, _report(found)
 
 
+def test_engines_and_environments_import_only_cores_public_surface(graph):
+    surface = engine_surface()
+    assert surface, f"{SURFACE_DOC}: {SURFACE_HEADING!r} lists no modules"
+    not_core = [name for name in surface
+                if name not in graph or graph[name].dist != "siirl-core"]
+    assert not not_core, f"{SURFACE_DOC} lists modules that are not siirl-core's: {not_core}"
+    found = outside_surface(graph, surface)
+    assert not found, _report(found)
+
+
 # ------------------------------------------------------- the reader itself, on a toy tree
+def test_an_engine_import_outside_the_listed_surface_is_found(tmp_path):
+    for dist, files in {"siirl-core": {"open.py": "", "private.py": ""},
+                        "siirl-engine": {"engine.py": "from siirl.core import open, private\n"}
+                        }.items():
+        src = tmp_path / "packages" / dist / "src" / "siirl" / dist.split("-")[1]
+        src.mkdir(parents=True)
+        for name, text in {"__init__.py": "", **files}.items():
+            (src / name).write_text(text)
+    (tmp_path / "tools").mkdir()
+    doc = tmp_path / "architecture.md"
+    doc.write_text(f"{SURFACE_HEADING}\n\n- `siirl.core.open`: listed\n\n## Next\n"
+                   "- `siirl.core.private`: another section\n")
+    assert engine_surface(doc) == ["siirl.core.open"]
+    found = outside_surface(build_graph(tmp_path), engine_surface(doc))
+    assert [v.split(" (not in")[0].split(") ")[1] for v in found] == \
+        ["imports siirl.core.private"]
+
+
 def test_reader_sees_lazy_relative_and_submodule_imports(tmp_path):
     src = tmp_path / "packages" / "siirl-data" / "src" / "siirl" / "pkg"
     src.mkdir(parents=True)

@@ -55,3 +55,22 @@ class WorkerReduction(BatchReduction):
     def gather(self, obj: Any) -> List[Any]:
         parts = self.comm.all_gather((self.contributes, obj))
         return [part for contributes, part in parts if contributes]
+
+
+def reduction_for(worker: Any, node: Any = None) -> BatchReduction:
+    """The reduction over the rows of every worker running ``worker``'s graph (:data:`LOCAL`
+    when it runs alone); a worker holding a tensor-parallel peer's copy of the rows at
+    ``node`` adds nothing. Nodes outside core (the embodied reward manager, the agentic
+    rollout) build theirs here too."""
+    from siirl.dag_worker.walk.collective import WorkerComm
+
+    groups = getattr(worker, "process_groups", None)
+    if groups is not None:
+        comm = WorkerComm(groups.group_rank, groups.group_size, groups.control_group)
+    else:
+        comm = getattr(worker, "comm", None)
+    if comm is None or not comm.active:
+        return LOCAL
+    holds = getattr(worker, "holds_rows_of", None)
+    contributes = holds(node.node_id) if node is not None and holds is not None else True
+    return WorkerReduction(comm, contributes)

@@ -64,8 +64,9 @@ def _rewards_per_agent(batch: Any, groups: list, zeros_if_missing: bool) -> Dict
 def compute_agents_advantage(worker: Any, batch: Any, config: Any,
                              node: Any = None) -> NodeOutput:
     """Every agent group's advantages, with batch statistics (whitening) over every
-    worker's rows of that agent (``algorithm_nodes.batch_reduction``)."""
+    worker's rows of that agent (``core_algos.batch_reduction.reduction_for``)."""
     from siirl.dag_worker import core_algos
+    from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
     agents = worker.agents
     groups = list(agents.ids)
@@ -75,7 +76,7 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any,
     name = str(select(config, "algorithm.adv_estimator", "grpo"))
     metrics: Dict[str, Any] = {}
     batch = batch.clone(recurse=False)
-    reduction = algorithm_nodes.batch_reduction(worker, node)
+    reduction = reduction_for(worker, node)
     if name == "gae_marft":
         missing = [g for g in groups if _field(batch, g, VALUES) is None]
         if missing:

@@ -51,12 +51,12 @@ class EmbodiedRewardManager:
     def _reduction(self) -> Any:
         """Gathers over the workers whose rows make up the batch at the reward node (the
         local no-op for one worker); a tensor-parallel peer's copy of rows adds nothing."""
-        from siirl.dag_worker.nodes.algorithm import batch_reduction
+        from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
         graph = getattr(self.worker, "taskgraph", None)
         node = next((n for n in graph.nodes.values() if n.node_role is NodeRole.REWARD),
                     None) if graph is not None else None
-        return batch_reduction(self.worker, node)
+        return reduction_for(self.worker, node)
 
     def compute_reward(self, batch: Any) -> NodeOutput:
         keys = batch.keys()

@@ -314,10 +314,10 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                           f"(one of {NORMALIZATIONS}), grouping={norm.grouping!r} (one of "
                           f"{GROUPINGS})")
     if not validate:  # validation reports the environments' own scores
-        from siirl.dag_worker.nodes.algorithm import batch_reduction
+        from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
         normalize_scores(out, str(norm.grouping), str(norm.method),
-                         reduction=batch_reduction(worker, node))
+                         reduction=reduction_for(worker, node))
     if mode == "step" and not validate:
         out = _as_many_rows_as_peers(out, worker)
     prefix = "val-env" if validate else "env"
