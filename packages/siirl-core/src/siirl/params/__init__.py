@@ -12,6 +12,12 @@ this package is imported (``siirl.params.sections``, ``siirl.params.compose``).
 from dataclasses import dataclass, field
 from typing import Any
 
+from siirl.params.sections import installed_sections
+
+# ruff: noqa: E402 -- the sections are read before the schema below exists, so a section
+# that imports it fails clearly instead of capturing the classes before its own is mounted
+_SECTIONS = installed_sections()
+
 from siirl.params.agentic_args import (
     EnvManagerArguments,
     RewardNormalizationArguments,
@@ -93,9 +99,8 @@ class SiiRLArguments:
 
 def _mount_installed_sections() -> None:
     from siirl.params.compose import compose_schema
-    from siirl.params.sections import installed_sections
 
-    rebuilt = compose_schema(SiiRLArguments, installed_sections())
+    rebuilt = compose_schema(SiiRLArguments, _SECTIONS)
     for name, value in list(globals().items()):
         if isinstance(value, type) and value in rebuilt:
             globals()[name] = rebuilt[value]

@@ -12,7 +12,9 @@ notice when set). So core never names a backend's keys, and a new backend is one
     [project.entry-points."siirl.config"]
     toy = "toy_backend.config:SECTION"
 
-Sections are read once, when ``siirl.params`` is first imported.
+Sections are read once, when ``siirl.params`` is first imported, before its schema exists:
+the module an entry point names imports only ``siirl.params.sections``, ``key_rule_kinds``
+and ``key_conditions`` (and its own light modules), never an engine module.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from siirl.errors import PluginNotFoundError
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice
 from siirl.plugins import available, load_plugin
@@ -78,7 +81,16 @@ class ConfigSection:
 def _load_sections() -> Dict[str, ConfigSection]:
     sections = {}
     for name in available(GROUP):
-        section = load_plugin(GROUP, name)
+        try:
+            section = load_plugin(GROUP, name)
+        except PluginNotFoundError as exc:
+            if "partially initialized module 'siirl.params'" not in str(exc):
+                raise
+            raise PluginNotFoundError(
+                f"config section '{name}' ({GROUP}) imports siirl.params' schema, which is "
+                "composed from the sections: register the section from a module of its own "
+                "that imports only siirl.params.sections, key_rule_kinds and key_conditions "
+                f"(as siirl.engine.fsdp.config does). {exc}") from exc
         if not isinstance(section, ConfigSection):
             raise TypeError(f"entry point '{name}' in group '{GROUP}' must name a "
                             f"siirl.params.sections.ConfigSection, not {type(section).__name__}")
