@@ -25,7 +25,7 @@ from siirl.dag_worker.core_algos import agg_loss
 from siirl.dag_worker.walk.engine_api import ActorEngine as ActorProtocol
 from siirl.dag_worker.walk.engine_api import ReferenceEngine as RefProtocol
 from siirl.engine.fsdp.engines import fsdp_engine, fsdp_reference
-from siirl.errors import ConfigError, DataError
+from siirl.errors import ConfigError, DataError, PipelineError
 from siirl_numerics import assert_all_close, assert_close, rounding, scale_of
 
 METRICS = {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
@@ -197,12 +197,12 @@ def test_kl_loss_is_zero_when_reference_equals_actor():
     assert second["actor/kl_loss"] > 0.0
 
 
-def test_reference_is_skipped_without_kl():
+def test_a_reference_without_kl_holds_no_model_and_refuses_to_run():
+    # the planner leaves the reference node out then; an engine built anyway says so
     engine = fsdp_engine("reference", actor_config(), None)
-    batch = rollout_batch(rows=2)
-    out = engine.compute_ref_log_prob(batch)
-    assert out.batch is batch and "ref_log_prob" not in batch.keys()
-    assert out.metrics == {"ref/skipped": 1.0}
+    assert engine.module is None
+    with pytest.raises(PipelineError, match="planner leaves the reference node out"):
+        engine.compute_ref_log_prob(rollout_batch(rows=2))
     with pytest.raises(ConfigError, match="actor, critic, reference"):
         fsdp_engine("rollout", actor_config(), None)
 

@@ -38,14 +38,12 @@ from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     ENV_SCORES,
     INPUT_IDS,
-    OLD_LOG_PROBS,
     POSITION_IDS,
     PROMPTS,
-    REF_LOG_PROB,
     UID,
 )
 from siirl.errors import PipelineError
-from siirl.execution.config_select import select
+from siirl.execution.dag.planner import plan_graph
 from siirl.execution.dag.task_graph import TaskGraph
 
 
@@ -62,6 +60,8 @@ class DAGWorker:
         from siirl.dag_worker.walk.collective import WorkerComm
 
         taskgraph.validate_graph()
+        # it walks what the planner planned (a graph the launcher planned is kept)
+        taskgraph = plan_graph(taskgraph, config, world_size)
         self.taskgraph = taskgraph
         self.config = config
         self.rank = rank
@@ -82,6 +82,7 @@ class DAGWorker:
         self.executor = NodeExecutor(self)
         self.metrics = MetricsCollector()
         self._order = taskgraph.get_execution_order()
+        self._syncs = {(step.where, step.node_id) for step in taskgraph.weight_syncs}
         self.tokenizer = None
         self.is_data_source = True  # False on tensor-parallel peers holding copied rows
         self.train_loader = None
@@ -227,10 +228,10 @@ class DAGWorker:
                               for dep in node.dependencies])
             else:
                 node_input = batch
-            self.sync_rollout_weights()
-            output, seconds = self._run_node(node, node_input)
-            self.metrics.add_node(node_id, output.metrics, seconds,
-                                  user_node=self.executor.is_user_node(node))
+            if node.until_step is not None and self.global_step > node.until_step:
+                output = NodeOutput(batch=None)  # planned for the first steps only
+            else:
+                output = self._run_planned(node, node_input)
             if (output.info or {}).get("regenerate"):
                 return None
             outputs[node_id] = node_input if output.batch is None else output.batch
@@ -240,8 +241,18 @@ class DAGWorker:
                 pending_children[dep] -= 1
                 if pending_children[dep] == 0:
                     outputs.pop(dep, None)
-        self.sync_rollout_weights()
         return exits
+
+    def _run_planned(self, node: Any, batch: Any) -> NodeOutput:
+        """Run ``node``, timed, with the weight-sync steps planned before and after it."""
+        if ("before", node.node_id) in self._syncs:
+            self.sync_rollout_weights()
+        output, seconds = self._run_node(node, batch)
+        self.metrics.add_node(node.node_id, output.metrics, seconds,
+                              user_node=self.executor.is_user_node(node))
+        if ("after", node.node_id) in self._syncs:
+            self.sync_rollout_weights()
+        return output
 
     def _run_node(self, node: Any, batch: Any) -> tuple:
         """Run one node with its agent group's engines; in a multi-agent graph on its
@@ -271,8 +282,9 @@ class DAGWorker:
             self.agent_group = agents.ids[0]
 
     def sync_rollout_weights(self) -> None:
-        """The weight-sync step: when an actor's weights changed since its rollout last
-        took them, hand them over now (timed as ``timing_s/weight_sync``)."""
+        """The weight-sync step the planner inserts (and validation runs first): when an
+        actor's weights changed since its rollout last took them, hand them over now (timed
+        as ``timing_s/weight_sync``)."""
         for sync in self._weight_syncs.values():
             if sync.needed():
                 for name, value in sync.run().items():
@@ -352,24 +364,9 @@ class DAGWorker:
         return remax_baseline.score_greedy_baseline(self, batch)
 
     def compute_old_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
-        if OLD_LOG_PROBS in batch.keys():  # computed early for KL in the reward
-            return NodeOutput(batch=batch)
-        if self._defer_old_log_probs(batch, config if config is not None else self.config):
-            # on-policy: the update's first forward is this forward, bit for bit
-            return NodeOutput(batch=batch, metrics={"actor/old_log_prob_deferred": 1.0})
         return self.engines.actor.compute_log_prob(batch)
 
-    def _defer_old_log_probs(self, batch: Any, config: Any) -> bool:
-        """Leave the old log-probs to this step's actor update (the engine says whether
-        that is exact), unless something reads them before it: KL in the reward, or an
-        actor that does not train this step (critic warm-up)."""
-        defer = getattr(self.engines.actor, "defers_old_log_probs", None)
-        return (defer is not None and not select(config, "algorithm.use_kl_in_reward", False)
-                and not algorithm_nodes.actor_warming_up(self, config) and defer(batch))
-
     def compute_ref_log_prob(self, batch, config=None, **kwargs) -> NodeOutput:
-        if REF_LOG_PROB in batch.keys():
-            return NodeOutput(batch=batch)
         return self.engines.reference.compute_ref_log_prob(batch)
 
     def compute_value(self, batch, config=None, **kwargs) -> NodeOutput:

@@ -2,18 +2,17 @@
 reward), and the actor's pause during critic warm-up.
 
 KL in the reward (``algorithm.use_kl_in_reward``) needs the rollout policy's and the
-reference's log-probs before advantages, while the spec's pipelines compute advantages
-first. So the advantage node computes them itself in that case, and the later
-``old_log_prob`` / ``ref_log_prob`` nodes reuse the fields instead of recomputing them. The
+reference's log-probs before advantages: the planner (``siirl.execution.dag.planner``) runs
+the ``old_log_prob`` / ``ref_log_prob`` nodes before the advantage node then. The
 KL controller (``algorithm.kl_ctrl``: fixed or adaptive) lives for the whole run in the
 worker's ``algorithm_objects`` (so checkpoints carry it); with several workers its update
 uses the KL of the whole global batch, so every worker's coefficient stays the same.
 
 Several workers train like one: the estimators' batch-wide statistics, the KL controller's
 input and the advantage metrics are sums over the rows of every worker that runs the
-graph (``core_algos.batch_reduction.reduction_for``; a tensor-parallel peer holding a copy
-of another's rows adds nothing), and prompt groups, which the estimators normalise
-within, are checked to be whole on one worker.
+graph (``batch_reduction``; a tensor-parallel peer holding a copy of another's rows adds
+nothing), and prompt groups, which the estimators normalise within, are checked to be
+whole on one worker.
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.dag_worker.walk.dag_utils import call_with_available
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
+    OLD_LOG_PROBS,
+    REF_LOG_PROB,
     RESPONSE_MASK,
     RETURNS,
     REWARD_BASELINES,
@@ -31,7 +32,7 @@ from siirl.data_coordinator.fields import (
     UID,
     VALUES,
 )
-from siirl.errors import DataError
+from siirl.errors import DataError, PipelineError
 from siirl.execution.config_select import select
 
 KL_CTRL = "kl_ctrl"
@@ -54,6 +55,25 @@ class GlobalKLController:
         kl_sum, rows = self.reduction.sum([float(current_kl) * int(n_steps), int(n_steps)])
         self.current_kl = float(kl_sum) / max(float(rows), 1.0)
         self.inner.update(self.current_kl, int(rows))
+
+
+def batch_reduction(worker: Any, node: Any = None) -> Any:
+    """Sums over the rows of every worker running this worker's graph (the one-worker
+    no-op when it runs alone); a worker holding a tensor-parallel peer's copy of the rows
+    at ``node`` adds nothing."""
+    from siirl.dag_worker.core_algos.batch_reduction import LOCAL, WorkerReduction
+    from siirl.dag_worker.walk.collective import WorkerComm
+
+    groups = getattr(worker, "process_groups", None)
+    if groups is not None:
+        comm = WorkerComm(groups.group_rank, groups.group_size, groups.control_group)
+    else:
+        comm = getattr(worker, "comm", None)
+    if comm is None or not comm.active:
+        return LOCAL
+    holds = getattr(worker, "holds_rows_of", None)
+    contributes = holds(node.node_id) if node is not None and holds is not None else True
+    return WorkerReduction(comm, contributes)
 
 
 def check_groups_whole(index: Any, reduction: Any) -> None:
@@ -94,14 +114,15 @@ def setup_algorithm_objects(worker: Any, config: Any) -> None:
             select(config, "algorithm.kl_ctrl"))
 
 
-def _with_log_probs(worker: Any, batch: Any, metrics: Dict[str, Any]) -> Any:
-    """The rollout policy's and the reference's log-probs, by running the worker's own
-    ``old_log_prob`` / ``ref_log_prob`` node functions early (they skip later)."""
-    for node_fn in (worker.compute_old_log_prob, worker.compute_ref_log_prob):
-        out = node_fn(batch)
-        batch = out.batch if out.batch is not None else batch
-        metrics.update(out.metrics or {})
-    return batch
+def _require_log_probs(batch: Any, node: Any) -> None:
+    """KL in the reward reads both log-probs, which the planned graph computes first."""
+    missing = [key for key in (OLD_LOG_PROBS, REF_LOG_PROB) if key not in batch.keys()]
+    if missing:
+        where = f"node '{node.node_id}'" if node is not None else "the advantage node"
+        raise PipelineError(
+            f"algorithm.use_kl_in_reward=true: {where} needs {', '.join(missing)}, which the "
+            "old-log-prob and reference nodes compute before it in a planned graph "
+            "(siirl.execution.dag.planner.plan_graph; DAGWorker plans its graph)")
 
 
 def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
@@ -110,13 +131,12 @@ def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
     statistics over every worker's rows (``reduction``: built from ``worker`` and
     ``node`` unless given)."""
     from siirl.dag_worker import core_algos
-    from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
     if reduction is None:
-        reduction = reduction_for(worker, node)
+        reduction = batch_reduction(worker, node)
     metrics: Dict[str, Any] = {}
     if select(config, "algorithm.use_kl_in_reward", False):
-        batch = _with_log_probs(worker, batch, metrics)
+        _require_log_probs(batch, node)
         controller = GlobalKLController(worker.algorithm_objects[KL_CTRL], reduction)
         batch, kl_metrics = core_algos.apply_kl_penalty(
             batch, controller, kl_penalty=select(config, "algorithm.kl_penalty", "kl"))

@@ -4,8 +4,9 @@ For a LoRA actor the reference is the actor's own module run with its adapters o
 (``shares_actor_base``): the frozen base weights are the initial policy.
 
 When neither ``actor.use_kl_loss`` nor ``algorithm.use_kl_in_reward`` is set, nothing
-reads ``ref_log_prob``, so the forward is skipped (a whole model forward saved per step,
-which matters on CPU) and the batch passes through with metric ``ref/skipped=1``.
+reads ``ref_log_prob``: the planner leaves the reference node out of the plan
+(``siirl.execution.dag.planner.reference_needed``, the one statement of that condition), so
+no reference is built; a reference engine made anyway holds no model and refuses to run.
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.dynamic_batch import budget, check_backend
 from siirl.engine.models.lora import is_lora
+from siirl.errors import PipelineError
 from siirl.params import SiiRLArguments
-
-
-def reference_needed(cfg: SiiRLArguments) -> bool:
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
 def shares_actor_base(actor: Any) -> bool:
@@ -73,7 +71,12 @@ class ReferenceEngine:
 
     def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
         if not self.enabled:
-            return NodeOutput(batch=batch, metrics={"ref/skipped": 1.0})
+            raise PipelineError(
+                "the reference engine was built for a run without a KL term "
+                "(actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are "
+                "false), so it holds no model; the planner leaves the reference node out "
+                "then: plan the workflow (siirl.execution.dag.planner.plan_graph) or set a "
+                "KL term")
         log_probs, _ = self.actor.compute_log_prob(batch)
         batch.set(REF_LOG_PROB, log_probs)
         return NodeOutput(batch=batch, metrics={})
