@@ -13,7 +13,7 @@ from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.engine.reward_manager import get_reward_manager_cls, load_custom_function
 from siirl.engine.reward_manager.batch import BatchRewardManager
 from siirl.engine.reward_manager.naive import NaiveRewardManager
-from siirl.errors import ConfigError, DataError
+from siirl.errors import ConfigError, DataError, PluginNotFoundError
 
 
 def write_reward_file(tmp_path, body, name="my_reward.py"):
@@ -160,7 +160,7 @@ def test_batch_manager_failures(tmp_path, caplog):
 def test_registry_and_missing_tokenizer():
     assert get_reward_manager_cls("naive") is NaiveRewardManager
     assert get_reward_manager_cls("parallel").__name__ == "ParallelRewardManager"
-    with pytest.raises(ConfigError, match="unknown reward manager 'nope'.*naive"):
+    with pytest.raises(PluginNotFoundError, match="no plugin named 'nope'.*naive"):
         get_reward_manager_cls("nope")
     batch = make_reward_batch(["5"], ["arithmetic"], ["5"])
     with pytest.raises(ConfigError, match="tokenizer"):

@@ -27,8 +27,9 @@ from siirl.engine.reward_manager.loader import load_custom_function
 from siirl.engine.reward_manager.naive import NaiveRewardManager
 from siirl.engine.reward_manager.outcome import Failure, Scored, call_batch, check_result
 from siirl.engine.reward_manager.overlong import overlong_penalty
-from siirl.engine.reward_manager.registry import _MANAGERS, get_reward_manager_cls, register
-from siirl.errors import ConfigError
+from siirl.engine.reward_manager.registry import GROUP, get_reward_manager_cls, register
+from siirl.errors import ConfigError, PluginNotFoundError
+from siirl.plugins import unregister
 
 ROWS = [("s", "a", "1", None), ("s", "bb", "2", {"k": 1}), ("t", "ccc", "3", None)]
 
@@ -306,12 +307,15 @@ def test_a_name_is_registered_once_and_lookups_of_unknown_names_list_the_known_o
     try:
         assert register("test_only_mine")(Mine) is Mine
         assert register("test_only_mine")(Mine) is Mine  # the same class again: fine
-        with pytest.raises(ConfigError, match="already registered.*Mine"):
+        with pytest.raises(PluginNotFoundError, match="'test_only_mine' is already registered"):
             register("test_only_mine")(Other)
         assert get_reward_manager_cls("test_only_mine") is Mine
     finally:
-        _MANAGERS.pop("test_only_mine", None)
-    with pytest.raises(ConfigError, match=r"unknown reward manager 'nope'.*batch, dapo"):
+        unregister(GROUP, "test_only_mine")
+    # the names are the plugin group's: siirl-engine's entry points
+    with pytest.raises(PluginNotFoundError, match=r"no plugin named 'nope' in group "
+                       r"'siirl.reward_managers' \(asked for by reward_model.reward_manager\); "
+                       r"installed: batch, dapo, embodied, naive, parallel"):
         get_reward_manager_cls("nope")
     assert get_reward_manager_cls("naive") is NaiveRewardManager
 
@@ -467,7 +471,6 @@ def test_a_builtin_manager_not_imported_yet_is_imported_on_first_lookup(monkeypa
     package = importlib.import_module("siirl.engine.reward_manager")
     module = importlib.import_module("siirl.engine.reward_manager.parallel")
     monkeypatch.setattr(package, "parallel", module)  # put back afterwards, like the rest
-    monkeypatch.delitem(_MANAGERS, "parallel")
     monkeypatch.delitem(sys.modules, "siirl.engine.reward_manager.parallel")
     cls = get_reward_manager_cls("parallel")
     assert cls.__name__ == "ParallelRewardManager" and cls.name == "parallel"

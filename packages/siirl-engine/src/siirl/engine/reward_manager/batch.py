@@ -15,13 +15,11 @@ from typing import Any, Callable, List, Sequence
 
 from siirl.engine.reward_manager.base import RewardManagerBase
 from siirl.engine.reward_manager.outcome import Failure, Outcome, Row, call_batch
-from siirl.engine.reward_manager.registry import register
 from siirl.errors import ConfigError
 
 BatchCall = Callable[[Sequence[Row], float], Any]  # (rows, deadline) -> outcomes | Failure
 
 
-@register("batch")
 class BatchRewardManager(RewardManagerBase):
     """Calls ``fn(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)``
     on the step's rows; it must return one float or dict per row. A result that is no list

@@ -31,13 +31,11 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.engine.common.config import typed_config
-from siirl.engine.reward_manager.registry import register
 from siirl.engine.reward_score.embodied import progress_rewards
 from siirl.errors import DataError
 from siirl.execution.dag.node import NodeRole
 
 
-@register("embodied")
 class EmbodiedRewardManager:
     name = "embodied"
 

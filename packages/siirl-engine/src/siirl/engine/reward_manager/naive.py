@@ -6,10 +6,8 @@ from typing import List
 
 from siirl.engine.reward_manager.base import RewardManagerBase
 from siirl.engine.reward_manager.outcome import Outcome, Row
-from siirl.engine.reward_manager.registry import register
 
 
-@register("naive")
 class NaiveRewardManager(RewardManagerBase):
     """The simplest manager, fine for cheap rule-based scorers. The built-in rules run in
     this process; a custom function runs in one persistent worker process that scores the
@@ -23,7 +21,6 @@ class NaiveRewardManager(RewardManagerBase):
         return self.score_in_process(rows)
 
 
-@register("dapo")
 class DAPORewardManager(NaiveRewardManager):
     """verl's ``dapo`` manager: rows scored one by one, with the overlong buffer
     (``reward_model.overlong_buffer``, applied by every manager when enabled) and the

@@ -18,11 +18,9 @@ from typing import Any, List, Mapping, Optional
 from siirl.engine.common.config import typed_config
 from siirl.engine.reward_manager.base import RewardManagerBase
 from siirl.engine.reward_manager.outcome import Outcome, Row
-from siirl.engine.reward_manager.registry import register
 from siirl.errors import ConfigError
 
 
-@register("parallel")
 class ParallelRewardManager(RewardManagerBase):
     """Per-row calls of ``compute_score`` in ``num_workers`` persistent processes."""
 
