@@ -8,36 +8,28 @@ episode ends as ``done=True, reward=0, info["error"]="timeout"|"crash"``, counte
 ``errors``. An environment that raises ends its episode as ``"step"``; it keeps its
 process. A lost episode stays ended (``step`` answers it without a call) until ``reset``.
 
-Why not gymnasium's ``AsyncVectorEnv``: it has no per-environment deadline (a timeout in
-``step_wait`` fails the whole batch and leaves the vector unusable), a dead worker
-breaks every call, and it wants fixed ``gym.spaces`` and its own auto-reset, while an
-episode here starts from a chosen ``(task_id, seed)``. The protocol is small, so it is
-written here, in the manner of :mod:`siirl.environment.agentic.env_workers`, and
-gymnasium stays an optional extra.
-
-Processes start with ``forkserver`` (as the text env workers do): the trainer may hold
-CUDA contexts and threads that a ``fork`` would copy into the child in a broken state,
-and a restart from the fork server costs a fork, not a fresh interpreter (``spawn``).
-Environment factories must therefore be picklable (a class, a module-level function, a
-``functools.partial`` of one), or given as a registered name and its config.
+The processes are the shared environment process pool's
+(:mod:`siirl.environment.episodes.pool`: deadlines, restarts, ``forkserver``, and why not
+gymnasium's ``AsyncVectorEnv``), one environment each, built by its factory when the
+process starts. Environment factories must therefore be picklable (a class, a
+module-level function, a ``functools.partial`` of one), or given as a registered name and
+its config.
 """
 
 from __future__ import annotations
 
 import functools
-import multiprocessing
-import signal
-import time
-from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from siirl.environment.embodied.base import EmbodiedEnv, stack_observations
 from siirl.environment.embodied.registry import embodied_env_class, make_embodied_env
+from siirl.environment.episodes.pool import FAILURES, EnvProcessPool
 
 EnvFactory = Callable[[], EmbodiedEnv]
 FAILURE_KINDS = ("timeout", "crash", "step")
+_SPEC = ("task_ids", "action_dim", "max_steps")
 
 
 class EmbodiedEnvError(RuntimeError):
@@ -46,51 +38,6 @@ class EmbodiedEnvError(RuntimeError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def _serve(conn: Any, factory: EnvFactory) -> None:
-    """The worker process: build the environment, then answer ``(op, args)`` calls."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    env, broken = None, None
-    try:
-        env = factory()
-    except Exception as exc:  # reported on the first call, where the parent can raise it
-        broken = f"building the environment failed: {type(exc).__name__}: {exc}"
-    while True:
-        try:
-            op, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        if op == "close":
-            if env is not None:
-                env.close()
-            return
-        try:
-            if broken is not None:
-                raise RuntimeError(broken)
-            if op == "spec":
-                value = (list(env.task_ids), int(env.action_dim), int(env.max_steps))
-            else:
-                value = getattr(env, op)(*args)
-            reply = ("ok", value)
-        except Exception as exc:
-            reply = ("error", f"{type(exc).__name__}: {exc}")
-        conn.send(reply)
-
-
-class _Worker:
-    def __init__(self, context: Any, factory: EnvFactory):
-        self.conn, child = context.Pipe()
-        self.proc = context.Process(target=_serve, args=(child, factory), daemon=True)
-        self.proc.start()
-        child.close()
-        self.fresh = True  # its first answer waits for start-up (imports, simulator load)
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
 
 
 class VectorEmbodiedEnv:
@@ -124,15 +71,15 @@ class VectorEmbodiedEnv:
         self.start_timeout_s = float(start_timeout_s)
         self.errors: Dict[str, int] = {kind: 0 for kind in FAILURE_KINDS}
         self.clipped = 0  # action values clipped into range, over all steps
-        self._context = multiprocessing.get_context(start_method)
         self._factories = factories
-        self._workers: List[_Worker] = []
+        self._pool: Optional[EnvProcessPool] = None
         self._last_obs: List[Optional[Dict[str, Any]]] = [None] * len(factories)
         self._lost: List[Optional[str]] = [None] * len(factories)  # until the next reset
         try:
-            self._workers = [_Worker(self._context, f) for f in factories]
-            specs = self._exchange(list(range(len(factories))), "spec",
-                                   [()] * len(factories))
+            self._pool = EnvProcessPool(factories, self.step_timeout_s, self.start_timeout_s,
+                                        start_method)
+            specs = self._exchange(list(range(len(factories))), "attrs",
+                                   [(_SPEC,)] * len(factories))
         except BaseException:
             self.close()
             raise
@@ -143,7 +90,9 @@ class VectorEmbodiedEnv:
                        "crash": "its process died while starting (can a fresh process "
                                 "import the factory and its module?)"}.get(status, value)
                 raise EmbodiedEnvError(status, f"environment {i} did not start: {why}")
-        self.task_ids, self.action_dim, self.max_steps = specs[0][1]
+        task_ids, action_dim, max_steps = specs[0][1]
+        self.task_ids, self.action_dim = list(task_ids), int(action_dim)
+        self.max_steps = int(max_steps)
 
     @property
     def num_envs(self) -> int:
@@ -152,7 +101,7 @@ class VectorEmbodiedEnv:
     @property
     def pids(self) -> List[int]:
         """The worker processes' ids, in environment order (they change on a restart)."""
-        return [worker.proc.pid for worker in self._workers]
+        return self._pool.pids if self._pool is not None else []
 
     # the batch calls ---------------------------------------------------------------------
 
@@ -233,7 +182,7 @@ class VectorEmbodiedEnv:
     # processes -------------------------------------------------------------------------
 
     def _ids(self, env_ids: Optional[Sequence[int]]) -> List[int]:
-        if not self._workers:
+        if self._pool is None or not self._pool.processes:
             raise RuntimeError("this VectorEmbodiedEnv is closed")
         ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         if len(set(ids)) != len(ids) or any(not 0 <= i < self.num_envs for i in ids):
@@ -242,62 +191,23 @@ class VectorEmbodiedEnv:
 
     def _exchange(self, env_ids: List[int], op: str, args: List[tuple]
                   ) -> List[Tuple[str, Any]]:
-        """Send every call, then collect against the deadline; ``(status, value)`` per
-        call, status ok, error (the env raised), timeout or crash (process restarted)."""
-        replies: Dict[int, Tuple[str, Any]] = {}
-        start = time.monotonic()
-        deadline: Dict[int, float] = {}
-        for j, (i, call_args) in enumerate(zip(env_ids, args, strict=True)):
-            worker = self._workers[i]
-            try:
-                worker.conn.send((op, call_args))
-            except (OSError, ValueError):  # its pipe is already gone
-                replies[j] = ("crash", None)
-                continue
-            limit = self.step_timeout_s
-            if worker.fresh:
-                limit = max(limit, self.start_timeout_s)
-            deadline[j] = start + limit
-        pending = {self._workers[env_ids[j]].conn: j for j in deadline}
-        while pending:
-            now = time.monotonic()
-            for conn, j in list(pending.items()):
-                if deadline[j] <= now:
-                    replies[j] = ("timeout", None)
-                    del pending[conn]
-            if not pending:
-                break
-            soonest = min(deadline[j] for j in pending.values())
-            for conn in wait(list(pending), timeout=max(0.0, soonest - now)):
-                j = pending.pop(conn)
-                try:
-                    replies[j] = conn.recv()
-                    self._workers[env_ids[j]].fresh = False
-                except (EOFError, OSError):
-                    replies[j] = ("crash", None)
-        for j, (status, _) in replies.items():
-            if status in ("timeout", "crash"):
-                self._restart(env_ids[j], status)
-        return [replies[j] for j in range(len(env_ids))]
-
-    def _restart(self, i: int, kind: str) -> None:
-        self.errors[kind] += 1
-        self._lost[i] = kind
-        self._workers[i].kill()
-        self._workers[i] = _Worker(self._context, self._factories[i])
+        """One call per environment (its process's object 0), all at once against the
+        deadline; ``(status, value)`` per call, status ok, error (the env raised; value its
+        message), timeout or crash (process restarted, the episode lost and counted)."""
+        replies = self._pool.call_many([(i, 0, op, call_args) for i, call_args
+                                        in zip(env_ids, args, strict=True)])
+        out = []
+        for i, (status, value) in zip(env_ids, replies, strict=True):
+            if status in FAILURES:
+                self.errors[status] += 1
+                self._lost[i] = status
+            out.append((status, value[0] if status == "error" else value))
+        return out
 
     def close(self) -> None:
         """Stop every process (politely, then by force) and reap it; safe to repeat."""
-        workers, self._workers = self._workers, []
-        for worker in workers:
-            try:
-                worker.conn.send(("close", ()))
-            except (OSError, ValueError):
-                pass
-        stop_by = time.monotonic() + 2.0
-        for worker in workers:
-            worker.proc.join(timeout=max(0.0, stop_by - time.monotonic()))
-            worker.kill()
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self) -> VectorEmbodiedEnv:
         return self
