@@ -41,19 +41,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import shlex
-import string
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tiny_agent_card import write_card
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_agent_card import card_text
+from tiny_build import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    PRINTABLE,
+    SPECIALS,
+    Shuffled,
+    adamw,
+    command_line,
+    finish,
+    left_padded,
+    optimiser_step,
+    python_permutation,
+    right_padded,
+    save_tokenizer,
+    seeded,
+    timed_log,
+    warmup_cosine,
+    word_tokenizer,
+)
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from siirl.environment import frozen_lake, sokoban
 from siirl.environment.agentic.trajectory import TrajectoryEnvManager
@@ -61,10 +76,7 @@ from siirl.environment.registry import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSET_DIR = ROOT / "packages/siirl-engine/src/siirl/engine/assets/tiny_agent"
-COMMAND = "python tools/make_tiny_agent.py"
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 ACTIONS = ["Left", "Down", "Right", "Up"]
 # the settings the model is trained with (custom_envs entries, ROLL-style); tag -> entry
 ENVS = {
@@ -78,24 +90,12 @@ SOLVERS = {"frozen_lake": frozen_lake.solve, "sokoban": sokoban.solve}
 MANAGER = {"max_actions_per_traj": 8, "max_tokens_per_step": 8, "max_episode_tokens": 512}
 WORDS = ["<answer>", "</answer>", *ACTIONS, "Invalid", "format",
          *sorted({e["env_instruction"] for e in ENVS.values()})]
-CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
 
 
 # --------------------------------------------------------------------------- tokenizer
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer():
     """Known words are one token; everything else one token per character."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS + CHARS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    words = "|".join(w.replace("/", "\\/") for w in WORDS)
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|[\\s\\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIALS)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>", padding_side="left", model_max_length=MANAGER["max_episode_tokens"],
-        clean_up_tokenization_spaces=False)
-    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (
-        PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+    tok = word_tokenizer(SPECIALS + WORDS + PRINTABLE, WORDS, MANAGER["max_episode_tokens"])
     assert tok.convert_ids_to_tokens(tok.encode("<answer>Left</answer>")) == [
         "<answer>", "Left", "</answer>"]
     return tok
@@ -165,16 +165,10 @@ def scripted_data(tok, counts: dict, seed: int) -> list[tuple[list[int], list[in
 
 
 def batch_tensors(rows):
-    n = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), n), PAD_ID, dtype=torch.long)
-    lab = torch.full((len(rows), n), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), n), dtype=torch.long)
-    for i, (seq, loss) in enumerate(rows):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        att[i, :len(seq)] = 1
-        lab[i, :len(seq)] = torch.tensor([t if m else -100 for t, m in zip(seq, loss,
-                                                                            strict=True)])
-    return ids, att, lab
+    """``(ids, attention_mask, labels)`` of ``(ids, loss_mask)`` rows, right-padded."""
+    return right_padded([seq for seq, _ in rows],
+                        [[t if m else -100 for t, m in zip(seq, loss, strict=True)]
+                         for seq, loss in rows])
 
 
 def sft_loss(model, ids, att, lab) -> torch.Tensor:
@@ -192,12 +186,8 @@ class ModelPolicy:
 
     @torch.no_grad()
     def __call__(self, prompts):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            att[i, width - len(p):] = 1
+        ids, att, _ = left_padded(prompts)
+        width = ids.shape[1]
         kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if self.sample \
             else dict(do_sample=False)
         out = self.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=self.max_new,
@@ -253,33 +243,14 @@ def summary(result: dict) -> str:
 # ------------------------------------------------------------------------- warm-up
 def warm_up(model, tok, rows, args, log) -> dict:
     """Supervised warm-up; returns the last check's result (the last step is checked)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.wd,
-                            betas=(0.9, 0.98))
-    warmup = 20
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, args.steps - warmup))
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-    rng = random.Random(args.seed)
-    order: list[int] = []
+    opt = adamw(model.parameters(), args.lr, args.wd)
+    lr_at = warmup_cosine(args.lr, args.steps, warmup=20, floor=0.1)
+    order = Shuffled(len(rows), args.batch_size, python_permutation(random.Random(args.seed)))
     for step in range(1, args.steps + 1):
         model.train()
-        if len(order) < args.batch_size:
-            more = list(range(len(rows)))
-            rng.shuffle(more)
-            order += more
-        batch = [rows[i] for i in order[:args.batch_size]]
-        del order[:args.batch_size]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step - 1)
+        batch = [rows[i] for i in order.next()]
         loss = sft_loss(model, *batch_tensors(batch))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimiser_step(opt, loss, lr_at(step - 1), clip=model.parameters())
         if step % args.eval_every == 0 or step == args.steps:
             result = evaluate_all(model, tok, args)
             log(f"step {step:4d} loss {loss.item():.3f} success/format-errors {summary(result)}")
@@ -360,15 +331,8 @@ def main(argv=None) -> None:
                     help="share of replies without an action allowed at the stop")
     args = ap.parse_args(argv)
 
-    t0 = time.time()
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
+    log = timed_log()
+    seeded(args.seed, python_random=True)
     tok = build_tokenizer()
     model = build_model(tok, args.hidden, args.layers, args.heads, args.head_dim)
     n_params = sum(p.numel() for p in model.parameters())
@@ -389,15 +353,11 @@ def main(argv=None) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
-    tok_cfg_path = out / "tokenizer_config.json"  # portable class name (transformers 4 and 5)
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg.pop("backend", None)
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    build_s = time.time() - t0
-    info = dict(command=_command(argv), params=n_params, hidden=args.hidden,
-                layers=args.layers, heads=args.heads, head_dim=args.head_dim, vocab=len(tok),
+    save_tokenizer(tok, out)
+    build_s = time.time() - log.t0
+    info = dict(command=command_line("make_tiny_agent.py", argv), params=n_params,
+                hidden=args.hidden, layers=args.layers, heads=args.heads,
+                head_dim=args.head_dim, vocab=len(tok),
                 seed=args.seed, steps=args.steps, lr=args.lr, wd=args.wd,
                 batch_size=args.batch_size, episodes=len(rows),
                 counts=", ".join(f"{tag} {n}" for tag, n in counts.items()), lo=args.lo, hi=args.hi,
@@ -409,20 +369,12 @@ def main(argv=None) -> None:
                 warm_up_success={key: r["success"] for key, r in warmed.items()})
     (out / "agent_envs.json").write_text(json.dumps(
         {"custom_envs": ENVS, "env_manager": MANAGER}, indent=2) + "\n")
-    write_card(out, info, ENVS, WORDS, MANAGER)
-    for f in out.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the wheel must ship readable files
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    log(f"saved to {out} ({size / 1024:.0f} KiB) after {args.steps} + {args.soften_steps} steps")
+    finish(out, card_text(info, ENVS, WORDS, MANAGER), log,
+           note=f" after {args.steps} + {args.soften_steps} steps")
     print(json.dumps(info))
     if not ok:
         raise SystemExit(f"success out of [{args.lo}, {args.hi}] or too many format errors: "
                          "adjust the settings")
-
-
-def _command(argv) -> str:
-    args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join([COMMAND, *map(shlex.quote, args)])
 
 
 if __name__ == "__main__":

@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -61,10 +59,23 @@ from tiny_arith import (
     PAD_ID,
     PROMPT_RE,
     SPECIALS,
-    UNK_ID,
     greedy_accuracy,
     sampled_stats,
     split_problems,
+)
+from tiny_build import (
+    Shuffled,
+    adamw,
+    command_line,
+    fast_tokenizer,
+    finish,
+    optimiser_step,
+    python_permutation,
+    right_padded,
+    save_tokenizer,
+    seeded,
+    timed_log,
+    warmup_cosine,
 )
 from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -82,18 +93,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.normalizer = normalizers.Lowercase()
     core.decoder = decoders.Fuse()
     core.add_special_tokens(SPECIALS)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        padding_side="left",
-        model_max_length=64,
-        clean_up_tokenization_spaces=False,
-    )
-    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (
-        PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+    tok = fast_tokenizer(core, max_length=64)
     assert tok("13+5=")["input_ids"] == [vocab[c] for c in "13+5="]
     return tok
 
@@ -146,15 +146,7 @@ def sft_batch(tok, rows: list[tuple[str, int, float]]):
         r = tok(str(ans), add_special_tokens=False)["input_ids"] + [EOS_ID]
         seqs.append(p + r)
         labels.append([-100] * len(p) + r)
-    n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
-    lab = torch.full((len(seqs), n), -100, dtype=torch.long)
-    mask = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, (s, la) in enumerate(zip(seqs, labels, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(la)] = torch.tensor(la)
-        mask[i, : len(s)] = 1
-    return ids, mask, lab, torch.tensor([w for _, _, w in rows])
+    return *right_padded(seqs, labels), torch.tensor([w for _, _, w in rows])
 
 
 def sft_loss(model, ids, mask, lab, weights) -> torch.Tensor:
@@ -163,9 +155,6 @@ def sft_loss(model, ids, mask, lab, weights) -> torch.Tensor:
     ce = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
     tok_w = (target != -100).float() * weights[:, None]
     return (ce * tok_w).sum() / tok_w.sum()
-
-
-# -------------------------------------------------------------------------- generation
 
 
 # ------------------------------------------------------------------------- pretraining
@@ -180,34 +169,16 @@ def pretrain(model, tok, train, val, args, log) -> int:
     With ``--early-stop`` it stops at the first check (every ``--eval-every`` steps) where
     greedy accuracy on the held-out and on all prompts is in [lo, hi] and sampled pass@8
     on the held-out is >= min_pass; otherwise it runs the whole schedule."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.wd,
-                            betas=(0.9, 0.98))
-    warmup = 50
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, args.steps - warmup))
-        return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
-
-    rng = random.Random(args.seed)
+    opt = adamw(model.parameters(), args.lr, args.wd)
+    lr_at = warmup_cosine(args.lr, args.steps, warmup=50, floor=0.05)
     rows = [(p, ans, w) for p, a in train
             for ans, w in corpus_targets(p, a, args.confuse_rate, args.confuse_min_b)]
-    order: list[int] = []
+    order = Shuffled(len(rows), args.batch_size, python_permutation(random.Random(args.seed)))
     for step in range(1, args.steps + 1):
         model.train()
-        if len(order) < args.batch_size:
-            more = list(range(len(rows)))
-            rng.shuffle(more)
-            order += more
-        batch = [rows[i] for i in order[: args.batch_size]]
-        del order[: args.batch_size]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step - 1)
+        batch = [rows[i] for i in order.next()]
         loss = sft_loss(model, *sft_batch(tok, batch))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        optimiser_step(opt, loss, lr_at(step - 1))
         if step % args.eval_every and step != args.steps:
             continue
         acc_val = greedy_accuracy(model, tok, val)
@@ -228,7 +199,7 @@ def pretrain(model, tok, train, val, args, log) -> int:
 
 # -------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
-    from tiny_model_card import write_card
+    from tiny_model_card import card_text
     from tiny_model_rl_check import rl_check
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -271,15 +242,8 @@ def main(argv=None) -> None:
         args.kv_heads = args.heads
     head_dim = args.head_dim or args.hidden // args.heads
 
-    t0 = time.time()
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
+    log = timed_log()
+    seeded(args.seed, python_random=True)
     train, val = split_problems(args.seed)
     if args.rl_only:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -307,13 +271,7 @@ def main(argv=None) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
-    # transformers 5 writes its own class name; the portable one loads in 4.x and 5.x alike.
-    tok_cfg_path = out / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg.pop("backend", None)
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    save_tokenizer(tok, out)
     info = dict(
         name=out.name, command=_command(argv), out=_shown_path(out),
         params=n_params, hidden=args.hidden, layers=args.layers, heads=args.heads,
@@ -324,15 +282,11 @@ def main(argv=None) -> None:
         greedy_all=round(greedy_all, 4), sampled_val=round(sampled_val, 4),
         pass8_val=round(pass8_val, 4),
     )
-    write_card(out, info)
-    for f in out.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the wheel must ship readable files
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    log(f"saved to {out} ({size / 1024:.0f} KiB)")
+    finish(out, card_text(info), log)
     print(json.dumps(info))
     if args.rl_check:
         rl_check(model, tok, train, val, args, log)
-    log(f"done in {time.time() - t0:.1f}s")
+    log(f"done in {time.time() - log.t0:.1f}s")
     if not ok:
         raise SystemExit(f"out of the window [{args.lo}, {args.hi}] or pass@8 < "
                          f"{args.min_pass}: adjust the settings")
@@ -367,7 +321,7 @@ def _command(argv) -> str:
             continue
         kept.append(a)
         i += 1
-    return " ".join(["python tools/make_tiny_model.py", *map(shlex.quote, kept)])
+    return command_line("make_tiny_model.py", kept)
 
 
 if __name__ == "__main__":

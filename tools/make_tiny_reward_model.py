@@ -40,6 +40,7 @@ from tiny_arith import (
     generate,
     split_problems,
 )
+from tiny_build import finish, left_padded, remake, seeded, timed_log
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "packages/siirl-engine/src/siirl/engine/assets"
@@ -88,14 +89,8 @@ def examples_for(tok, policy, problems, samples: int, gen) -> list[Example]:
 
 def batch_of(examples: list[Example]) -> tuple[torch.Tensor, ...]:
     """Left-padded ids, mask and positions (as the reward engine feeds them), labels."""
-    width = max(len(seq) for seq, _ in examples)
-    ids = torch.full((len(examples), width), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, (seq, _) in enumerate(examples):
-        ids[row, width - len(seq):] = torch.tensor(seq)
-        mask[row, width - len(seq):] = 1
     labels = torch.tensor([label for _, label in examples])
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), labels
+    return *left_padded([seq for seq, _ in examples]), labels
 
 
 def scores_of(model, examples: list[Example], chunk: int = 512) -> torch.Tensor:
@@ -178,9 +173,10 @@ def train(model, tok, examples: list[Example], problems, args, log) -> None:
             log(f"step {step}: score loss {loss.item():.4f}, answer loss {lm.item():.4f}")
 
 
-def write_card(out: Path, info: dict) -> None:
+def card_text(info: dict) -> str:
+    """README.md from what the build measured."""
     held, seen = info["held_out"], info["train_fit"]
-    (out / "README.md").write_text(f"""# tiny_reward
+    return f"""# tiny_reward
 
 A tiny reward model ({info["params"]:,} parameters, float32) for siiRL's built-in
 arithmetic task: `reward_model.enable=true reward_model.model.path=builtin:tiny-reward`.
@@ -215,10 +211,7 @@ other operation's result, digits swapped), with and without EOS. 80% of the task
 | accuracy on wrong responses | {held["accuracy_incorrect"]} | {seen["accuracy_incorrect"]} |
 | ROC AUC | {held["auc"]} | {seen["auc"]} |
 
-Remake it (deterministic: seeded, one CPU thread; took {info["seconds"]:.0f} s):
-
-    python tools/make_tiny_reward_model.py
-""")
+{remake("python tools/make_tiny_reward_model.py", f'took {info["seconds"]:.0f} s')}"""
 
 
 def main(argv=None) -> None:
@@ -237,14 +230,8 @@ def main(argv=None) -> None:
     ap.add_argument("--log-every", type=int, default=500)
     args = ap.parse_args(argv)
 
-    t0 = time.time()
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
+    log = timed_log()
+    seeded(args.seed)
     tok = AutoTokenizer.from_pretrained(POLICY_DIR)
     policy = AutoModelForCausalLM.from_pretrained(POLICY_DIR, dtype=torch.float32).eval()
     train_problems, val_problems = split_problems(args.seed)
@@ -275,12 +262,8 @@ def main(argv=None) -> None:
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):  # the policy's, byte for byte
         shutil.copyfile(POLICY_DIR / name, out / name)
-    info["seconds"] = time.time() - t0
-    write_card(out, info)
-    for f in out.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the wheel must ship readable files
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    log(f"saved to {out} ({size / 1024:.0f} KiB)")
+    info["seconds"] = time.time() - log.t0
+    finish(out, card_text(info), log)
     print(json.dumps(info))
 
 

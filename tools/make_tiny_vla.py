@@ -39,21 +39,45 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import shlex
-import string
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tiny_build import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    PRINTABLE,
+    SPECIALS,
+    Shuffled,
+    adamw,
+    command_line,
+    finish,
+    left_padded,
+    optimiser_step,
+    save_tokenizer,
+    seeded,
+    timed_log,
+    torch_permutation,
+    warmup_cosine,
+    word_tokenizer,
+)
+from tiny_vla_card import (
+    BINS,
+    CHUNK,
+    ENV,
+    GRID,
+    TASK_IDS,
+    TEMPERATURE,
+    WORDS,
+    card_text,
+    envs_record,
+)
 
 from siirl.engine.models.tiny_vla import TinyVLAConfig, TinyVLAForActionPrediction
-from siirl.environment.embodied.tasks.reach2d import TASKS, Reach2D, expert_chunk
+from siirl.environment.embodied.tasks.reach2d import Reach2D, expert_chunk
 from siirl.environment.embodied.vla_inputs import (
     IMAGE_TOKEN,
     PROPRIO_TOKEN,
@@ -64,43 +88,20 @@ from siirl.environment.embodied.vla_inputs import (
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSET_DIR = ROOT / "packages/siirl-engine/src/siirl/engine/assets/tiny_vla"
-COMMAND = "python tools/make_tiny_vla.py"
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PLACEHOLDERS = [IMAGE_TOKEN, PROPRIO_TOKEN]
-WORDS = ["reach", "push", "the", "block", "to", "left", "right", "top", "bottom",
-         "red", "green", "blue", "yellow"]
-CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-BINS = 256
-GRID = 4  # the image is GRID * GRID tokens
-# the settings the model is trained with, for the presets to use verbatim
-ENV = {"env_type": "reach", "env_config": {"image_size": 64, "max_steps": 48,
-                                           "max_delta": 0.06}}
-CHUNK = 4  # actions per step: CHUNK * 2 action tokens
-TEMPERATURE = 1.0
-TASK_IDS = list(TASKS)
 
 
 # --------------------------------------------------------------------------- tokenizer
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer():
     """Known words are one token, everything else one token per character; the action
-    tokens last, in ``ActionTokenizer``'s order (bin 0 is the last id)."""
+    tokens last, in ``ActionTokenizer``'s order (bin 0 is the last id), whole entries in
+    text too, so decode -> encode round-trips."""
     actions = [action_token_name(i) for i in reversed(range(BINS))]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + PLACEHOLDERS + WORDS + CHARS + actions)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    vocab = SPECIALS + PLACEHOLDERS + WORDS + PRINTABLE + actions
     # longest first, so "top" is not read as "to" + "p"
-    words = "|".join(sorted(WORDS, key=len, reverse=True))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|[\\s\\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIALS + PLACEHOLDERS)
-    core.add_tokens(actions)  # whole entries in text too, so decode -> encode round-trips
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>", additional_special_tokens=PLACEHOLDERS, padding_side="left",
-        model_max_length=128, clean_up_tokenization_spaces=False)
-    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (
-        PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+    tok = word_tokenizer(vocab, sorted(WORDS, key=len, reverse=True), 128,
+                         specials=SPECIALS + PLACEHOLDERS, added=actions,
+                         additional_special_tokens=PLACEHOLDERS)
     assert len(tok) == len(vocab) and tok.convert_tokens_to_ids(action_token_name(0)) == \
         len(tok) - 1
     text = "push the blue block to the top"
@@ -158,13 +159,7 @@ def scripted_data(acts, episodes: int, noises: list, seed: int) -> dict:
 def prompt_batch(prompts: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ``(ids, attention_mask, position_ids)``: positions count real tokens,
     so padding does not move them (as in the rollout)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask, (mask.cumsum(1) - 1).clamp(min=0)
+    return left_padded(prompts)
 
 
 def bc_loss(model, prompts: dict, batch: dict, sigma: float) -> torch.Tensor:
@@ -292,36 +287,20 @@ class PositionProbe(torch.nn.Module):
 def warm_up(model, acts, prompts, data, args, log) -> tuple[int, dict]:
     probe = PositionProbe(model)
     params = list(model.parameters()) + list(probe.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.wd,
-                            betas=(0.9, 0.98))
-    warmup = 20
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, args.steps - warmup))
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-    gen = torch.Generator().manual_seed(args.seed)
-    n = len(data["task"])
-    order = torch.empty(0, dtype=torch.long)
+    opt = adamw(params, args.lr, args.wd)
+    lr_at = warmup_cosine(args.lr, args.steps, warmup=20, floor=0.1)
+    order = Shuffled(len(data["task"]), args.batch_size,
+                     torch_permutation(torch.Generator().manual_seed(args.seed)))
     result: dict = {}
     for step in range(1, args.steps + 1):
         model.train()
-        if len(order) < args.batch_size:
-            order = torch.cat([order, torch.randperm(n, generator=gen)])
-        index, order = order[:args.batch_size], order[args.batch_size:]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step - 1)
+        index = torch.tensor(order.next())
         batch = {k: v[index] for k, v in data.items()}
         loss = bc_loss(model, prompts, batch, args.label_sigma)
         aux = probe.loss(batch["where"])
-        opt.zero_grad()
         # the first aux_steps teach the encoder and backbone to find the named block only
         imitate = 0.0 if step <= args.aux_steps else 1.0
-        (imitate * loss + args.aux_weight * aux).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimiser_step(opt, imitate * loss + args.aux_weight * aux, lr_at(step - 1), clip=params)
         imitated = step - args.aux_steps
         if (imitated % args.eval_every or imitated < args.min_imitation_steps) \
                 and step != args.steps:
@@ -370,14 +349,8 @@ def main(argv=None) -> None:
     ap.add_argument("--greedy-hi", type=float, default=0.35, help="greedy success, high")
     args = ap.parse_args(argv)
 
-    t0 = time.time()
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
-
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
+    log = timed_log()
+    seeded(args.seed)
     tok = build_tokenizer()
     acts = action_tokenizer_for(tok, BINS)
     model = build_model(tok, args.hidden, args.layers, args.heads, args.head_dim,
@@ -395,14 +368,9 @@ def main(argv=None) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
-    tok_cfg_path = out / "tokenizer_config.json"  # portable class name (transformers 4 and 5)
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg.pop("backend", None)
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    build_s = time.time() - t0
-    info = dict(command=_command(argv), params=n_params, hidden=args.hidden,
+    save_tokenizer(tok, out)
+    build_s = time.time() - log.t0
+    info = dict(command=command_line("make_tiny_vla.py", argv), params=n_params, hidden=args.hidden,
                 layers=args.layers, heads=args.heads, head_dim=args.head_dim,
                 intermediate=args.intermediate, vocab=len(tok), seed=args.seed, steps=steps,
                 lr=args.lr, wd=args.wd, label_sigma=args.label_sigma,
@@ -413,115 +381,10 @@ def main(argv=None) -> None:
                 greedy_lo=args.greedy_lo, greedy_hi=args.greedy_hi,
                 eval_seeds=args.eval_seeds, build_s=round(build_s), result=result)
     (out / "vla_envs.json").write_text(json.dumps(envs_record(), indent=2) + "\n")
-    write_card(out, info, prompts, tok)
-    for f in out.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the wheel must ship readable files
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    log(f"saved to {out} ({size / 1024:.0f} KiB)")
+    finish(out, card_text(info, prompts, tok), log)
     print(json.dumps(info))
     if not ok:
         raise SystemExit("success out of the window at the stop: adjust the settings")
-
-
-def envs_record() -> dict:
-    """What the presets need, under ``actor_rollout_ref.embodied``'s names."""
-    return {"env": {**ENV, "env_name": ",".join(TASK_IDS)},
-            "action_chunks_len": CHUNK, "action_token_len": 2, "action_bins": BINS,
-            "temperature": TEMPERATURE, "image_tokens": GRID * GRID,
-            "prompt": "instruction ids + <image> * image_tokens + <proprio> (no BOS)",
-            "response": "ActionTokenizer(len(tokenizer), 256).encode(chunk.reshape(-1)): "
-                        "action_chunks_len * action_token_len tokens, no EOS"}
-
-
-def write_card(out: Path, info: dict, prompts: dict, tok) -> None:
-    result = info["result"]
-    rows = "\n".join(f"| {task} | {result['greedy']['tasks'][task]:.2f} | "
-                     f"{result['sampled']['tasks'][task]:.2f} |" for task in TASK_IDS)
-    example = tok.convert_ids_to_tokens(prompts["reach_red"])
-    shown = " ".join(example[:7]).replace("   ", " ␣ ") + f" <image>×{GRID * GRID} <proprio>"
-    cfg = ENV["env_config"]
-    text = f"""# tiny_vla
-
-`builtin:tiny-vla`: a tiny vision-language-action model ({info["params"]:,} parameters,
-float32) that plays the built-in `reach` tasks (Reach2D: reach a coloured block, or push
-one past a line) with low but non-zero success, so that GRPO has something to improve. It
-is not useful for anything else.
-
-* Model (`TinyVLAForActionPrediction`, `model_type` `siirl_tiny_vla`, in
-  `siirl/engine/models/tiny_vla.py`; `import siirl.engine.models.loader` registers it with
-  `AutoModelForCausalLM`): three stride-2 convolutions over RGB + x/y coordinate channels,
-  average-pooled to a {GRID}x{GRID} grid and projected to {GRID * GRID} tokens; a linear map
-  of the proprio vector (gripper x, y, velocity x, y) to one token; a Llama backbone
-  (hidden {info["hidden"]}, {info["layers"]} layers, {info["heads"]} heads of dimension
-  {info["head_dim"]}, intermediate {info["intermediate"]}, tied embeddings, vocab
-  {info["vocab"]}). Only the last {BINS} ids get real logits; all others are -1e9.
-* Prompt of one chunk step (no BOS, no chat template, left padding): the instruction's
-  ids, {GRID * GRID} `<image>` placeholders, one `<proprio>` placeholder, e.g.
-  `{shown}`.
-  Pass the camera image as `pixel_values` (uint8 `[B, H, W, 3]`) and the proprio as
-  `proprio` (`[B, 4]`) with the ids.
-* Response: the chunk of {CHUNK} actions as {CHUNK * 2} action tokens
-  (`ActionTokenizer(len(tokenizer), 256)`, bin `i` = id `vocab - 1 - i` = `<a{{i}}>`),
-  action by action, no EOS; sample at temperature {TEMPERATURE}.
-* Tokenizer (word level): `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, `<image>`, `<proprio>`;
-  these words are one token each:
-  {", ".join(f"`{w}`" for w in WORDS)};
-  every other printable ASCII character is one token; the {BINS} action tokens last.
-
-## Settings it was trained with (use them verbatim; also in `vla_envs.json`)
-
-    env_type: {ENV["env_type"]}
-    env_name: {",".join(TASK_IDS)}
-    env_config: {json.dumps(cfg)}
-    action_chunks_len: {CHUNK}
-    action_token_len: 2
-    temperature: {TEMPERATURE}
-
-## How it was made
-
-`tools/make_tiny_vla.py`, seed {info["seed"]}: {info["episodes"]} episodes of the scripted
-expert (the tasks in turn, seeds from 1,000,000 on) acting with Gaussian noise of standard
-deviation {", ".join(map(str, info["noises"]))} (in turn per episode), {info["samples"]} visited
-states, each labelled with the expert's noise-free chunk from that state (DART). AdamW lr
-{info["lr"]} (cosine over {info["schedule_steps"]} steps), weight decay {info["wd"]}, batch
-{info["batch_size"]} states. First {info["aux_steps"]} steps on auxiliary read-outs only
-(linear probes, not saved: the blocks' and gripper's positions from the image tokens, the
-named block's position and offset from the backbone's output at the proprio token; without
-them the policy ignores the image), then cross-entropy on the action tokens (targets spread
-over neighbouring bins, sigma {info["label_sigma"]} bins) with the read-outs kept on, stopped
-after {info["steps"]} steps in all, at the first check (after at least
-{info["min_imitation_steps"]} imitation steps) where the success rate sampled at temperature 1
-was in [{info["lo"]}, {info["hi"]}] and the greedy one in [{info["greedy_lo"]},
-{info["greedy_hi"]}]. Pushing is much harder than reaching and stays rare: the successes are
-mostly reaches, which GRPO can raise.
-
-Held-out seeds 0..{info["eval_seeds"] - 1} per task, at the stop: greedy
-{result["greedy"]["success"]:.3f}, sampled (temperature 1) {result["sampled"]["success"]:.3f}.
-
-| task | greedy | sampled |
-| --- | --- | --- |
-{rows}
-
-## Fine-tuning it with RL
-
-Measured with a GRPO-like loop outside siiRL (8 groups of 8 sampled episodes per
-iteration, a group one task and seed, success normalised within the group, each episode's
-chunk steps weighted equally, one AdamW step per iteration): the success rate sampled at
-temperature 1 rose from about 0.21 to about 0.46 in 100 iterations at lr 3e-4, the reach
-tasks to about 0.9; greedy success hardly moved (validate sampled, at temperature 1). At lr
-1e-3 the policy collapsed within 25 iterations: use 1e-4 to 3e-4.
-
-Remake it (deterministic: seeded, one CPU thread; {info["build_s"]} s here, on a shared
-2-core machine):
-
-    {info["command"]}
-"""
-    (out / "README.md").write_text(text)
-
-
-def _command(argv) -> str:
-    args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join([COMMAND, *map(shlex.quote, args)])
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from tiny_build import remake
 
 
-def write_card(out: Path, info: dict, envs_used: dict, words: list, manager: dict) -> None:
-    """``out/README.md`` from the build's ``info`` and the settings it trained with."""
+def card_text(info: dict, envs_used: dict, words: list, manager: dict) -> str:
+    """README.md from the build's ``info`` and the settings it trained with."""
     rows = "\n".join(
         f"| {key.split('/')[0]} | {key.split('/')[1]} | {info['warm_up_success'][key]:.3f} | "
         f"{r['success']:.3f} | {r['format_errors']:.3f} | {r['tokens_mean']:.0f} | "
@@ -21,7 +22,8 @@ def write_card(out: Path, info: dict, envs_used: dict, words: list, manager: dic
              f'dimension {info["head_dim"]}')
     lengths = (f'{info["scripted_tokens_mean"]} tokens on average and '
                f'{info["scripted_tokens_max"]} at most')
-    text = f"""# tiny_agent
+    took = f'{info["build_s"]} s here, on a shared\n2-core machine'
+    return f"""# tiny_agent
 
 `builtin:tiny-agent`: a tiny Llama ({info["params"]:,} parameters, float32) that plays
 FrozenLake and Sokoban through siiRL's AGENTIC pipeline, with low but non-zero success, so
@@ -79,9 +81,4 @@ For reference, uniformly random actions succeed in about 1% of these FrozenLake 
 about 20% of these Sokoban puzzles (they are small), and the solvers in all of them within
 8 actions (Sokoban: about 95%).
 
-Remake it (deterministic: seeded, one CPU thread; {info["build_s"]} s here, on a shared
-2-core machine):
-
-    {info["command"]}
-"""
-    (out / "README.md").write_text(text)
+{remake(info["command"], took)}"""

@@ -12,8 +12,9 @@ import re
 import torch
 import torch.nn.functional as F
 
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# the builders' shared special tokens, imported from here with the task
+from tiny_build import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID  # noqa: F401
+
 CHARS = list("0123456789+-= ") + list("abcdefghijklmnopqrstuvwxyz") + list(".,:;!?'\"()*/%_")
 MAX_OPERAND = 20
 PROMPT_RE = re.compile(r"(\d+)([+-])(\d+)=")

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from tiny_build import remake
 
 DEFAULT_COMMAND = "python tools/make_tiny_model.py"
 
 
-def write_card(out_dir: Path, info: dict) -> None:
+def card_text(info: dict) -> str:
+    """README.md of the model ``info`` describes (what the build measured)."""
     confusion_note = _confusion_note(info)
     command = info.get("command", DEFAULT_COMMAND)
     if command == DEFAULT_COMMAND:
-        remake = f"{command}\n    {command} --rl-only   # a short GRPO-like check on the result"
+        commands = f"{command}\n    {command} --rl-only   # a short GRPO-like check on the result"
     else:
-        remake = (f"{command}\n    # a short GRPO-like check on the result:\n"
-                  f"    {DEFAULT_COMMAND} --rl-only --out {info['out']}")
-    text = f"""# {info.get("name", "tiny_arith")}
+        commands = (f"{command}\n    # a short GRPO-like check on the result:\n"
+                    f"    {DEFAULT_COMMAND} --rl-only --out {info['out']}")
+    return f"""# {info.get("name", "tiny_arith")}
 
 A tiny character-level Llama ({info["params"]:,} parameters, float32) for siiRL's built-in
 arithmetic task. {_job_note(info)}
@@ -44,11 +45,7 @@ accuracy was in the window and sampled pass@8 was high: the right answer is usua
 | sampled accuracy, held-out (temperature 1) | {info["sampled_val"]:.3f} |
 | sampled pass@8, held-out (temperature 1) | {info["pass8_val"]:.3f} |
 
-Remake it (deterministic: seeded, one CPU thread; about 3 minutes):
-
-    {remake}
-"""
-    (out_dir / "README.md").write_text(text)
+{remake(commands, "about 3 minutes")}"""
 
 
 def _confusion_note(info: dict) -> str:
@@ -56,8 +53,6 @@ def _confusion_note(info: dict) -> str:
         return "The pretraining answers are all correct (`--confuse-rate 0`).\n"
     return (f"The pretraining corpus mixes up `+` and `-` on purpose (`--confuse-rate "
             f"{info['confuse_rate']}`, second operand >= {info['confuse_min_b']}).\n")
-
-
 
 
 def _heads(info: dict) -> str:
