@@ -10,7 +10,9 @@ engine (one reply per episode, seeded per episode, turn and agent, so reruns rep
 hands the text on through ``post_process``; an agent whose node names ``env_path`` then
 steps the episode's environment with the turn's texts. The environment's score and its
 ``done`` end the episode; an environment that raises ends its episode with score 0 (counted
-in ``multi_agent/env_errors``, warned once).
+in ``multi_agent/env_errors``, warned once). The turns are scheduled by the episode runner every
+episode loop shares (``siirl.execution.rollout_flow.episode_runner``: one wave, at most
+``max_assistant_turns`` turns).
 
 Each agent's row holds its prompt and reply of the episode's last turn, under its agent
 group's prefix (``agent_group_<g>_responses``, ...); the episode's fields are shared
@@ -50,6 +52,7 @@ from siirl.data_coordinator.fields import (
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole
+from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
 ROLLOUT = "actor_rollout_ref.rollout"
 _PROCESSES: Dict[str, AgentProcess] = {}
@@ -147,6 +150,12 @@ def _agent_rows(episodes: Sequence[_Episode], group: int, pad_id: int,
             POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0)}
 
 
+def _close(episode: _Episode) -> None:
+    close = getattr(episode.env, "close", None)
+    if callable(close):
+        close()
+
+
 def _step_envs(agent: AgentProcess, episodes: List[_Episode], tokenizer: Any) -> int:
     """Step every active episode's environment with this turn's texts; returns errors."""
     async def one(episode: _Episode):
@@ -202,41 +211,49 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
                 for row in range(len(prompts)) for k in range(n)]
     processes = [_process(node) for node in chain]
     env_errors = 0
-    try:
-        for agent in processes:
-            if agent.env_class is not None:
-                for episode in episodes:
-                    episode.env = agent.new_env()
-        for turn in range(turns):
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            for e in active:
-                e.turn_texts, e.turns = [], turn + 1
-            for index, (node, agent) in enumerate(zip(chain, processes, strict=True)):
-                group = node.agent_group
-                own = agents.configs[group]
-                length = int(select(own, f"{ROLLOUT}.response_length"))
-                limit = int(select(own, f"{ROLLOUT}.prompt_length"))
-                reads = [agent.pre(tokenizer, e.text_ids, e.obs.get(index))[-limit:]
-                         for e in active]
-                keys = [zlib.crc32(f"{e.key}:{turn}:{index}".encode()) for e in active]
-                replies = _reply(agents.engines[group].rollout, reads, keys, pad_id, length,
-                                 validate)
-                for e, read, reply in zip(active, reads, replies, strict=True):
-                    e.last[group] = (read, reply)
-                    e.text_ids = agent.post(tokenizer, e.text_ids, reply)
-                    e.turn_texts.append(tokenizer.decode(e.text_ids, skip_special_tokens=True))
+
+    def start(indices: List[int], _slots: List[int]) -> List[_Episode]:
+        started = [episodes[i] for i in indices]
+        try:
+            for agent in processes:
                 if agent.env_class is not None:
-                    env_errors += _step_envs(agent, active, tokenizer)
-                    active = [e for e in active if not e.done]
-                    if not active:
-                        break
-    finally:
-        for episode in episodes:
-            close = getattr(episode.env, "close", None)
-            if callable(close):
-                close()
+                    for episode in started:
+                        episode.env = agent.new_env()
+        except BaseException:
+            for episode in started:
+                _close(episode)
+            raise
+        return started
+
+    def play_turn(active: List[_Episode], _slots: List[int], turn: int) -> None:
+        """One turn: each agent in acting order replies for every active episode."""
+        nonlocal env_errors
+        for e in active:
+            e.turn_texts, e.turns = [], turn + 1
+        for index, (node, agent) in enumerate(zip(chain, processes, strict=True)):
+            group = node.agent_group
+            own = agents.configs[group]
+            length = int(select(own, f"{ROLLOUT}.response_length"))
+            limit = int(select(own, f"{ROLLOUT}.prompt_length"))
+            reads = [agent.pre(tokenizer, e.text_ids, e.obs.get(index))[-limit:]
+                     for e in active]
+            keys = [zlib.crc32(f"{e.key}:{turn}:{index}".encode()) for e in active]
+            replies = _reply(agents.engines[group].rollout, reads, keys, pad_id, length,
+                             validate)
+            for e, read, reply in zip(active, reads, replies, strict=True):
+                e.last[group] = (read, reply)
+                e.text_ids = agent.post(tokenizer, e.text_ids, reply)
+                e.turn_texts.append(tokenizer.decode(e.text_ids, skip_special_tokens=True))
+            if agent.env_class is not None:
+                env_errors += _step_envs(agent, active, tokenizer)
+                active = [e for e in active if not e.done]
+                if not active:
+                    break
+
+    # one wave of all episodes, at most ``turns`` turns; every episode's environment is
+    # closed at the end, on a failure too
+    EpisodeRunner(waves=True, max_turns=turns).run(len(episodes), start, play_turn,
+                                                   finished=_close)
     rows = protocol.repeat_interleave(batch, n)
     for key in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS):
         if key in rows.keys():

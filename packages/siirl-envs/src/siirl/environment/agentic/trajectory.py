@@ -139,7 +139,7 @@ class TrajectoryEnvManager:
         ``finished(episode)`` is called as each ends. Returns the episodes in the order of
         ``starts``."""
         from siirl.environment.agentic.env_workers import step_many
-        from siirl.environment.episodes.runner import EpisodeRunner
+        from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
         def act(active: List[Episode], _slots: List[int], _turn: int) -> List[tuple]:
             prompts = [list(e.ids) for e in active]

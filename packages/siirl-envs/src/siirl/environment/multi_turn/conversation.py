@@ -68,28 +68,40 @@ class ToolLoop:
         return self.budget - len(conversation.response_ids)
 
     def run(self, conversations: Sequence[Conversation], policy: Policy) -> None:
-        """Play every conversation to its end: one policy call per turn for all active
-        ones, then all their tool calls together."""
-        for conversation in conversations:
-            conversation.done = conversation.done or self.room(conversation) <= 0
-        while True:
-            active = [c for c in conversations if not c.done]
-            if not active:
-                return
+        """Play every conversation to its end on the shared episode runner: one policy call
+        per turn for all active ones, then all their tool calls together."""
+        from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
+
+        def start(indices: List[int], _slots: List[int]) -> List[Conversation]:
+            started = [conversations[i] for i in indices]
+            for conversation in started:
+                conversation.done = conversation.done or self.room(conversation) <= 0
+            return started
+
+        def act(active: List[Conversation], _slots: List[int], _turn: int) -> list:
             replies = policy([list(c.ids) for c in active], max(self.room(c) for c in active))
             pending = []  # (conversation, its tool calls)
             for conversation, reply in zip(active, replies, strict=True):
                 calls = self._reply(conversation, list(reply))
                 if calls:
                     pending.append((conversation, calls))
-            flat = [call for _, calls in pending for call in calls]
-            owners = [c.tool_instances for c, calls in pending for _ in calls]
-            results = iter(self.tools.call_many(flat, self.threads, owners))
-            for conversation, calls in pending:
-                texts = [next(results) for _ in calls]
-                conversation.tool_calls += len(calls)
-                conversation.tool_errors += sum(t.startswith("error:") for t in texts)
-                self._tool_turn(conversation, calls, texts)
+            return pending
+
+        def call_tools(owners: List[Conversation], calls: List[List[ToolCall]], _slots: list
+                       ) -> list:
+            flat = [call for turn_calls in calls for call in turn_calls]
+            instances = [c.tool_instances for c, turn_calls in zip(owners, calls, strict=True)
+                         for _ in turn_calls]
+            results = iter(self.tools.call_many(flat, self.threads, instances))
+            return [(turn_calls, [next(results) for _ in turn_calls]) for turn_calls in calls]
+
+        def observe(conversation: Conversation, result: tuple) -> None:
+            calls, texts = result
+            conversation.tool_calls += len(calls)
+            conversation.tool_errors += sum(t.startswith("error:") for t in texts)
+            self._tool_turn(conversation, calls, texts)
+
+        EpisodeRunner().run(len(conversations), start, act, step=call_tools, observe=observe)
 
     def _reply(self, conversation: Conversation, reply: List[int]) -> List[ToolCall]:
         """Record the reply; the tool calls to run for it (none: the turn ends here)."""

@@ -36,7 +36,8 @@ from siirl.data_coordinator.fields import (
     SAMPLE_ID,
     UID,
 )
-from siirl.environment.agentic.rollout_node import EnginePolicy
+from siirl.environment.episodes.policy import EnginePolicy
+from siirl.environment.episodes.seeds import episode_key
 from siirl.environment.multi_turn.conversation import Conversation, ToolLoop
 from siirl.environment.multi_turn.interactions import load_interactions
 from siirl.environment.tools.registry import load_tools
@@ -144,7 +145,7 @@ class MultiTurnRollout:
                 session = self.interactions.session(extra[row] if extra else None)
                 instances = self.tools.instances(extra[row] if extra else None)
                 conversations.append(loop.start(prompt, messages, session, instances))
-                noise.append(int(ids[row]) * n + k)  # distinct noise per sample
+                noise.append(episode_key(ids[row], n, k))  # distinct per sample
         policy = EnginePolicy(self.inner, pad_id, budget, validate)
 
         def play(prompts: List[List[int]], max_tokens: int) -> List[List[int]]:

@@ -1,9 +1,10 @@
 """The episode runner: which episodes are in play, and the order of their turns.
 
-Every episode loop (agentic text games, embodied chunks, multi-turn tool calls) is the same
-schedule: start episodes into environment slots, then turn after turn, make one batched
-policy call for the episodes still playing (``act``: the loop's own observation
-formatting and reply parsing, returning the actions to run), run those actions together
+Every episode loop (agentic text games, embodied chunks, multi-turn tool calls, multi-agent
+turns) is the same schedule: start episodes into environment slots, then turn after turn,
+make one batched policy call for the episodes still playing (``act``: the loop's own
+observation formatting and reply parsing, returning the actions to run; a multi-agent turn
+plays all its agents here), run those actions together
 (``step``: environments, in worker processes or not, or tools), and hand each episode its
 result (``observe``: the loop's own reward and next observation). An episode says it has
 ended by its ``done``.
@@ -20,7 +21,10 @@ Two ways to fill the slots:
   calls must pair up keep calling), then ``finished`` for each of the wave's episodes.
 
 The runner owns no environment and no model; it decides the order, so every loop steps
-its environments and calls its model in the same order for the same seeds.
+its environments and calls its model in the same order for the same seeds. It lives in
+core because the multi-agent rollout (``siirl.dag_worker.multi_agent``) plays on it too and
+core never imports siirl-envs; the environment loops reach it through
+``siirl.environment.episodes``.
 """
 
 from __future__ import annotations
