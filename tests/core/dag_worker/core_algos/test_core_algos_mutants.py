@@ -244,7 +244,7 @@ def test_group_rows_reads_tensor_and_numpy_ids_by_value(index):
 def test_estimators_losses_and_modes_registered_later_are_found():
     import enum
 
-    from siirl.dag_worker.core_algos import advantages, policy_losses
+    from siirl.dag_worker.core_algos import advantages, loss_aggregation, policy_losses
 
     class Name(enum.Enum):
         MINE = "test_only_mine"
@@ -271,7 +271,7 @@ def test_estimators_losses_and_modes_registered_later_are_found():
         for registry, names in ((advantages._ADV_ESTIMATORS, ("test_only_mine",
                                                                "test_only_other")),
                                 (policy_losses._POLICY_LOSSES, ("test_only_loss",)),
-                                (policy_losses._AGG_MODES, ("test_only_mode",))):
+                                (loss_aggregation._AGG_MODES, ("test_only_mode",))):
             for name in names:
                 registry._entries.pop(name, None)
 

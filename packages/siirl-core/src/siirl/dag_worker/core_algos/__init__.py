@@ -7,8 +7,10 @@ Modules:
   loss aggregation modes, policy losses, KL estimators and controllers), readable without
   importing torch.
 - ``advantages``: ``register_adv_est`` / ``get_adv_estimator_fn`` and the estimators.
-- ``policy_losses``: ``agg_loss`` / ``agg_loss_units`` (loss_agg_mode),
-  ``register_policy_loss`` / ``get_policy_loss_fn`` and the policy losses, entropy.
+- ``loss_aggregation``: ``agg_loss`` / ``agg_loss_units`` (loss_agg_mode),
+  ``register_agg_mode``.
+- ``policy_losses``: ``register_policy_loss`` / ``get_policy_loss_fn`` and the policy
+  losses, entropy.
 - ``value``: ``compute_value_loss`` (clipped critic loss).
 - ``kl``: ``kl_penalty`` estimators, ``FixedKLController`` / ``AdaptiveKLController`` /
   ``get_kl_controller``, ``apply_kl_penalty``.
@@ -25,7 +27,8 @@ from typing import Any
 
 # Loaded on first use (PEP 562): ``core_algos.names`` (the registries' names) is read by
 # siirl-train's validation pass, which must not import torch through this package.
-_SUBMODULES = ("advantages", "common", "kl", "policy_losses", "value", "names")
+_SUBMODULES = ("advantages", "common", "kl", "loss_aggregation", "policy_losses", "value",
+               "names")
 
 __all__ = [
     "AdaptiveKLController",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from siirl.dag_worker.core_algos.name_registry import NameRegistry
 
 _ADV = "siirl.dag_worker.core_algos.advantages"
+_AGG = "siirl.dag_worker.core_algos.loss_aggregation"
 _LOSSES = "siirl.dag_worker.core_algos.policy_losses"
 _KL = "siirl.dag_worker.core_algos.kl"
 
@@ -45,10 +46,10 @@ CPGD_WEIGHTS = NameRegistry("algorithm.weight_factor_in_cpgd", "CPGD weight fact
 
 # (reduce(loss_mat, mask) -> scalar, units(mask) -> count or None for a sum)
 AGG_MODES = NameRegistry("loss_agg_mode", "loss aggregation mode", {
-    "token-mean": f"{_LOSSES}:TOKEN_MEAN",
-    "seq-mean-token-sum": f"{_LOSSES}:SEQ_MEAN_TOKEN_SUM",
-    "seq-mean-token-mean": f"{_LOSSES}:SEQ_MEAN_TOKEN_MEAN",
-    "seq-mean-token-sum-norm": f"{_LOSSES}:SEQ_MEAN_TOKEN_SUM_NORM",
+    "token-mean": f"{_AGG}:TOKEN_MEAN",
+    "seq-mean-token-sum": f"{_AGG}:SEQ_MEAN_TOKEN_SUM",
+    "seq-mean-token-mean": f"{_AGG}:SEQ_MEAN_TOKEN_MEAN",
+    "seq-mean-token-sum-norm": f"{_AGG}:SEQ_MEAN_TOKEN_SUM_NORM",
 })
 
 POLICY_LOSSES = NameRegistry("actor_rollout_ref.actor.policy_loss.loss_mode", "policy loss", {

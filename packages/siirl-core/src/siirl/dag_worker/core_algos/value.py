@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from siirl.dag_worker.core_algos.common import masked_mean
-from siirl.dag_worker.core_algos.policy_losses import agg_loss
+from siirl.dag_worker.core_algos.loss_aggregation import agg_loss
 
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
