@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from siirl.engine.megatron.config import megatron_size_problems
 from siirl.errors import ConfigError
-from siirl.params.constraints import megatron_size_problems
 from siirl.params.key_support import REFUSED, RULES
 from siirl.params.parser import parse_config
 

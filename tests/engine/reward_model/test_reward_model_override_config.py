@@ -8,7 +8,7 @@ from siirl.engine.reward_model.loading import (
     load_causal_lm,
     load_classifier,
 )
-from siirl.params.reward_args import RewardModelModelArguments
+from siirl.params import RewardModelModelArguments
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from siirl.dag_worker import core_algos as ca
 from siirl.errors import ConfigError
-from siirl.params.model_args import ActorArguments, PolicyLossArguments
+from siirl.params import ActorArguments, PolicyLossArguments
 
 # Row 1 is fully padded and row 2 has a hole: padding in the middle of the batch.
 MASK = torch.tensor([[1, 1, 1, 0],

@@ -3,14 +3,13 @@
 Each class on the way from the root to a mount point is rebuilt with the section's field
 added where the mount says (after a given sibling, or last), so ``--print-config`` lists
 the keys in the order verl's ``ppo_trainer.yaml`` has them. A rebuilt class keeps its name,
-module, docstring and methods, and replaces the original in its module, so imports, pickling
-(Ray workers) and ``isinstance`` all see one class.
+docstring and methods and lives in ``siirl.params`` (which binds it there), so pickling (Ray
+workers) finds it by that name in any process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import typing
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -79,9 +78,9 @@ def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
         added.add(mount.field_name)
     namespace = {k: v for k, v in vars(cls).items()
                  if k not in _GENERATED and k not in cls.__dataclass_fields__}
-    namespace.update(__doc__=cls.__doc__, __module__=cls.__module__)
+    namespace.update(__doc__=cls.__doc__, __module__="siirl.params")
     new_cls = dataclasses.make_dataclass(cls.__name__, fields, namespace=namespace)
-    new_cls.__qualname__ = cls.__qualname__
+    new_cls.__qualname__ = cls.__name__
     rebuilt[cls] = new_cls
     return new_cls
 
@@ -98,8 +97,7 @@ def _placed(mount: Mount, root: type) -> bool:
 
 
 def compose_schema(root: type, sections: Dict[str, ConfigSection]) -> Dict[type, type]:
-    """Mount every section on ``root``'s tree; returns {original class: rebuilt class} and
-    puts each rebuilt class in its module in place of the original."""
+    """Mount every section on ``root``'s tree; returns {original class: rebuilt class}."""
     mounts = [(m, s) for s in sections.values() for m in s.mounts]
     paths = [m.path for m, _ in mounts]
     for path in paths:
@@ -113,6 +111,4 @@ def compose_schema(root: type, sections: Dict[str, ConfigSection]) -> Dict[type,
     if missing:
         raise TypeError(f"config sections mount under groups the schema lacks: "
                         f"{', '.join(missing)}")
-    for old, new in rebuilt.items():
-        setattr(sys.modules[old.__module__], old.__name__, new)
     return rebuilt

@@ -17,45 +17,23 @@ from typing import Any, Callable, List, Optional
 from siirl.errors import ConfigError
 from siirl.params.key_paths import value_at
 from siirl.params.mini_batch_layout import critic_trains, mini_batch_share_problems
+from siirl.params.run_shape import size as _size
+from siirl.params.run_shape import workers as _workers
+from siirl.params.run_shape import workers_text as _workers_text
+from siirl.params.sections import section_constraints, section_selected_by
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _OVERLONG = "reward_model.overlong_buffer"
-_MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                   "context_parallel_size")
 
 
 def _get(config: Any, key: str) -> Any:
     return value_at(config, key)
 
 
-def _size(config: Any, key: str) -> Optional[int]:
-    """The value of ``key`` when it is a usable size (an int >= 1), else None."""
-    value = _get(config, key)
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    return value if ok else None
-
-
 def _number(config: Any, key: str) -> Optional[float]:
     value = _get(config, key)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
     return value if ok else None
-
-
-def _workers(config: Any) -> Optional[int]:
-    nodes, per_node = _size(config, "trainer.nnodes"), _size(config, "trainer.n_gpus_per_node")
-    return nodes * per_node if nodes and per_node else None
-
-
-def _workers_text(workers: int) -> str:
-    return f"the number of workers ({workers} = trainer.nnodes x trainer.n_gpus_per_node)"
-
-
-def _megatron_group(config: Any) -> Optional[int]:
-    """Workers that share rows in a megatron model: the actor's TP x PP x CP."""
-    sizes = [_size(config, f"{A}.megatron.{k}") for k in _MEGATRON_SIZES]
-    if None in sizes:
-        return None
-    return sizes[0] * sizes[1] * sizes[2]
 
 
 # ---- the checks ----------------------------------------------------------------------------
@@ -80,19 +58,11 @@ def _batch_splits_over_workers(config: Any) -> List[str]:
     return []
 
 
-def _model_parallel_fits(config: Any) -> List[str]:
+def _rollout_parallel_fits(config: Any) -> List[str]:
     workers = _workers(config)
     if not workers:
         return []
     problems = []
-    group = _megatron_group(config)
-    megatron = _get(config, f"{A}.strategy") == "megatron" or \
-        _get(config, "critic.strategy") == "megatron"
-    if megatron and group and workers % group:
-        sizes = " x ".join(f"{A}.megatron.{k}={_get(config, f'{A}.megatron.{k}')}"
-                           for k in _MEGATRON_SIZES)
-        problems.append(f"{sizes} = {group} (the workers of one megatron model) must divide "
-                        f"{_workers_text(workers)}")
     tp = _size(config, f"{R}.tensor_model_parallel_size")
     if tp and workers % tp:
         problems.append(f"{R}.tensor_model_parallel_size={tp} must divide "
@@ -100,103 +70,12 @@ def _model_parallel_fits(config: Any) -> List[str]:
     return problems
 
 
-def _custom_workflow(config: Any) -> bool:
-    return any(_get(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
-                                                 "pipeline"))
-
-
-def _fsdp_roles(config: Any) -> List[tuple]:
-    """(role key, strategy key) of each role that runs on the fsdp strategy: the actor, the
-    reference where a KL term needs it, the critic where it runs."""
-    roles = [(A, f"{A}.strategy")]
-    if _get(config, f"{A}.use_kl_loss") or _get(config, "algorithm.use_kl_in_reward"):
-        roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref.strategy"))
-    if critic_trains(config):
-        roles.append(("critic", "critic.strategy"))
-    return [(role, strategy) for role, strategy in roles if _get(config, strategy) != "megatron"]
-
-
-def _sequence_parallel_fits(config: Any) -> List[str]:
-    """Ulysses groups of s consecutive workers split each sequence (the reference runs in
-    the actor's groups): s must divide the workers. The DAGWorker checks it again for a
-    graph that only some of the workers run (siirl.dag_worker.walk.layouts)."""
-    workers = _workers(config)
-    problems = []
-    for role, _ in _fsdp_roles(config):
-        if role == "actor_rollout_ref.ref":
-            continue
-        key = f"{role}.ulysses_sequence_parallel_size"
-        size = _size(config, key)
-        if workers and size and workers % size:
-            problems.append(f"{key}={size} must divide {_workers_text(workers)}: each group "
-                            f"of {size} consecutive workers splits the same sequences")
-    return problems
-
-
-def offload_of_whole_module(prefix: str, offload_key: str) -> str:
-    """The refusal of CPU offload with ``fsdp_size=1`` (also the fsdp engine's own)."""
-    key = f"{prefix}.{offload_key}"
-    return (f"{key}=true offloads FSDP2 shards, but {prefix}.fsdp_size=1 keeps the whole "
-            f"module on every worker; use fsdp_size=-1 to shard it, or set {key}=false")
-
-
-def _fsdp_sharding_fits(config: Any) -> List[str]:
-    """What the fsdp engine refuses for a role's fsdp_size over its workers
-    (siirl.engine.fsdp.sharding): -1 or the worker count shards over all of them, 1
-    replicates; a size in between asks for hybrid sharding, and CPU offload needs shards.
-    A custom workflow may give a role fewer workers (independent components): its engines
-    check there."""
-    workers = _workers(config)
-    if not workers or workers == 1 or _custom_workflow(config):
-        return []
-    problems = []
-    for role, _ in _fsdp_roles(config):
-        prefix = f"{role}.model.fsdp_config" if role == "critic" else f"{role}.fsdp_config"
-        size = _get(config, f"{prefix}.fsdp_size")
-        if not isinstance(size, int) or isinstance(size, bool) or size in (-1, 1, workers):
-            offload = [k for k in ("param_offload", "optimizer_offload", "offload_policy")
-                       if _get(config, f"{prefix}.{k}")]
-            if size == 1 and offload:
-                problems.append(offload_of_whole_module(prefix, offload[0]))
-            continue
-        problems.append(f"{prefix}.fsdp_size={size} asks for hybrid sharding (HSDP) over "
-                        f"groups of {size} of {_workers_text(workers)}, which the fsdp "
-                        "engine does not support; use -1 (shard over all the role's "
-                        "workers, the default) or 1 (every worker holds the whole model)")
-    return problems
-
-
-def megatron_size_problems(cp: Optional[int], pp: Optional[int], vpp: Optional[int]
-                           ) -> List[str]:
-    """The megatron parallel sizes the megatron engine refuses whatever the model: context
-    parallelism, and virtual stages without pipeline stages (the engine asks again,
-    siirl.engine.megatron.setup)."""
-    problems = []
-    if cp and cp != 1:
-        problems.append(f"{A}.megatron.context_parallel_size={cp}: context parallelism is not "
-                        "supported by this release (it needs Transformer Engine's "
-                        "attention); use tensor and pipeline parallelism")
-    if vpp and vpp > 1 and pp == 1:
-        problems.append(f"{A}.megatron.virtual_pipeline_model_parallel_size={vpp} needs "
-                        "pipeline_model_parallel_size > 1")
-    return problems
-
-
-def _megatron_sizes_supported(config: Any) -> List[str]:
-    if _get(config, f"{A}.strategy") != "megatron" and _get(config, "critic.strategy") != \
-            "megatron":
-        return []
-    return megatron_size_problems(
-        *(_size(config, f"{A}.megatron.{k}") for k in (
-            "context_parallel_size", "pipeline_model_parallel_size",
-            "virtual_pipeline_model_parallel_size")))
-
-
 def _data_parallel(config: Any, prefix: str) -> Optional[int]:
     workers = _workers(config)
-    if not workers or _get(config, f"{prefix}.strategy") != "megatron":
+    section = section_selected_by(f"{prefix}.strategy", config)
+    if not workers or section is None or section.model_parallel is None:
         return workers
-    group = _megatron_group(config)
+    group = section.model_parallel(config)
     return workers // group if group and workers % group == 0 else None
 
 
@@ -306,10 +185,8 @@ def _scheduler_settings(config: Any) -> List[str]:
 
 CHECKS: List[Callable[[Any], List[str]]] = [
     _batch_splits_over_workers,
-    _model_parallel_fits,
-    _megatron_sizes_supported,
-    _sequence_parallel_fits,
-    _fsdp_sharding_fits,
+    _rollout_parallel_fits,
+    section_constraints,  # the backends' own (siirl.params.sections)
     _update_batches,
     mini_batch_share_problems,
     _context_fits,

@@ -12,9 +12,10 @@ notice when set). So core never names a backend's keys, and a new backend is one
     [project.entry-points."siirl.config"]
     toy = "toy_backend.config:SECTION"
 
-Sections are read once, when ``siirl.params`` is first imported, before its schema exists:
-the module an entry point names imports only ``siirl.params.sections``, ``key_rule_kinds``
-and ``key_conditions`` (and its own light modules), never an engine module.
+Sections are read once, when the schema is first asked for (``siirl.params``): the module an
+entry point names imports only ``siirl.params.sections``, ``run_shape`` and the rule modules
+(``key_rule_kinds``, ``key_conditions``) and its own light modules, never the schema or an
+engine module.
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from siirl.errors import PluginNotFoundError
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice
+from siirl.params.run_shape import custom_workflow, role_runs, size, workers, workers_text
 from siirl.plugins import available, load_plugin
+
+# with the registration types, the facts about the run (run_shape) that a section's rules
+# and constraints read: all a section's module imports from core besides the rule modules
+__all__ = ["GROUP", "ConfigSection", "Mount", "applying_mounts", "custom_workflow",
+           "installed_sections", "mounted_at", "role_runs", "section_applies",
+           "section_constraints", "section_rules", "section_selected_by", "size", "workers",
+           "workers_text"]
 
 GROUP = "siirl.config"
 
@@ -71,6 +79,10 @@ class ConfigSection:
     rules: Callable[[Mount], Sequence[Rule]] = _no_rules
     # relations between keys this backend needs, one line per problem (validation pass)
     constraints: Callable[[Any], List[str]] = _no_problems
+    # the workers that read the same rows in one model of a role it runs (tensor x pipeline
+    # parallel peers; None: not a usable size); without it, 1: every worker is a data
+    # parallel rank of the role
+    model_parallel: Optional[Callable[[Any], Optional[int]]] = None
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.schema):
@@ -81,16 +93,7 @@ class ConfigSection:
 def _load_sections() -> Dict[str, ConfigSection]:
     sections = {}
     for name in available(GROUP):
-        try:
-            section = load_plugin(GROUP, name)
-        except PluginNotFoundError as exc:
-            if "partially initialized module 'siirl.params'" not in str(exc):
-                raise
-            raise PluginNotFoundError(
-                f"config section '{name}' ({GROUP}) imports siirl.params' schema, which is "
-                "composed from the sections: register the section from a module of its own "
-                "that imports only siirl.params.sections, key_rule_kinds and key_conditions "
-                f"(as siirl.engine.fsdp.config does). {exc}") from exc
+        section = load_plugin(GROUP, name)
         if not isinstance(section, ConfigSection):
             raise TypeError(f"entry point '{name}' in group '{GROUP}' must name a "
                             f"siirl.params.sections.ConfigSection, not {type(section).__name__}")
@@ -122,6 +125,21 @@ def section_applies(section: ConfigSection, mount: Mount, config: Any) -> bool:
     if mount.selector is None:
         return True
     return str(get(config, mount.selector)) in section.applies_to
+
+
+def applying_mounts(section: ConfigSection, config: Any) -> List[Mount]:
+    """The mounts with a selector where the run reads ``section`` for a role that runs."""
+    return [m for m in section.mounts if m.selector is not None and
+            section_applies(section, m, config) and role_runs(config, m.role)]
+
+
+def section_selected_by(selector: str, config: Any) -> Optional[ConfigSection]:
+    """The section ``selector`` (e.g. ``critic.strategy``) picks in ``config``, or None."""
+    for section in installed_sections().values():
+        for mount in section.mounts:
+            if mount.selector == selector and section_applies(section, mount, config):
+                return section
+    return None
 
 
 def _not_applying(section: ConfigSection, mount: Mount) -> Rule:

@@ -8,9 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List
 
-from siirl.params.key_conditions import cpu_run
+from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
-from siirl.params.sections import ConfigSection, Mount
+from siirl.params.sections import (
+    ConfigSection,
+    Mount,
+    applying_mounts,
+    custom_workflow,
+    size,
+    workers,
+    workers_text,
+)
 
 # also the engine's own refusal (siirl.engine.fsdp.offload), for engines built without
 # the validation pass
@@ -50,6 +58,66 @@ def fsdp_rules(mount: Mount) -> List[Rule]:
     ]
 
 
+def offload_of_whole_module(prefix: str, offload_key: str) -> str:
+    """The refusal of CPU offload with ``fsdp_size=1`` (also the engine's own,
+    siirl.engine.fsdp.offload)."""
+    key = f"{prefix}.{offload_key}"
+    return (f"{key}=true offloads FSDP2 shards, but {prefix}.fsdp_size=1 keeps the whole "
+            f"module on every worker; use fsdp_size=-1 to shard it, or set {key}=false")
+
+
+def _role_prefix(mount: Mount) -> str:
+    """The role's group: ``critic`` for ``critic.model.fsdp_config``."""
+    return mount.path.rsplit(".", 2)[0] if mount.role == "critic" else mount.parent
+
+
+def _sequence_parallel_fits(config: Any) -> List[str]:
+    """Ulysses groups of s consecutive workers split each sequence (the reference runs in
+    the actor's groups): s must divide the workers. The DAGWorker checks it again for a
+    graph that only some of the workers run (siirl.dag_worker.walk.layouts)."""
+    count, problems = workers(config), []
+    for mount in applying_mounts(SECTION, config):
+        if mount.role == "reference":
+            continue
+        key = f"{_role_prefix(mount)}.ulysses_sequence_parallel_size"
+        sp = size(config, key)
+        if count and sp and count % sp:
+            problems.append(f"{key}={sp} must divide {workers_text(count)}: each group "
+                            f"of {sp} consecutive workers splits the same sequences")
+    return problems
+
+
+def _sharding_fits(config: Any) -> List[str]:
+    """What the engine refuses for a role's fsdp_size over its workers
+    (siirl.engine.fsdp.sharding): -1 or the worker count shards over all of them, 1
+    replicates; a size in between asks for hybrid sharding, and CPU offload needs shards.
+    A custom workflow may give a role fewer workers (independent components): its engines
+    check there."""
+    count = workers(config)
+    if not count or count == 1 or custom_workflow(config):
+        return []
+    problems = []
+    for mount in applying_mounts(SECTION, config):
+        prefix = mount.path
+        fsdp_size = get(config, f"{prefix}.fsdp_size")
+        if not isinstance(fsdp_size, int) or isinstance(fsdp_size, bool) or \
+                fsdp_size in (-1, 1, count):
+            offload = [k for k in ("param_offload", "optimizer_offload", "offload_policy")
+                       if get(config, f"{prefix}.{k}")]
+            if fsdp_size == 1 and offload:
+                problems.append(offload_of_whole_module(prefix, offload[0]))
+            continue
+        problems.append(f"{prefix}.fsdp_size={fsdp_size} asks for hybrid sharding (HSDP) over "
+                        f"groups of {fsdp_size} of {workers_text(count)}, which the fsdp "
+                        "engine does not support; use -1 (shard over all the role's "
+                        "workers, the default) or 1 (every worker holds the whole model)")
+    return problems
+
+
+def fsdp_constraints(config: Any) -> List[str]:
+    return _sequence_parallel_fits(config) + _sharding_fits(config)
+
+
 SECTION = ConfigSection(
     schema=FSDPArguments,
     mounts=(
@@ -64,4 +132,5 @@ SECTION = ConfigSection(
     applies_to=("fsdp",),
     label="FSDP",
     rules=fsdp_rules,
+    constraints=fsdp_constraints,
 )

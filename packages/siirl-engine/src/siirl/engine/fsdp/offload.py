@@ -19,9 +19,8 @@ from typing import Any, Optional
 
 import torch
 
-from siirl.engine.fsdp.config import OFFLOAD_ON_CPU
+from siirl.engine.fsdp.config import OFFLOAD_ON_CPU, offload_of_whole_module
 from siirl.errors import ConfigError
-from siirl.params.constraints import offload_of_whole_module
 
 __all__ = ["KEYS", "asked", "clip_grad_norm", "offload_policy", "wants_offload"]
 

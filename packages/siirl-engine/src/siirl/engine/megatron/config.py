@@ -7,11 +7,11 @@ the section does not apply. Nothing heavy is imported here (megatron-core is not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List
+from typing import Any, List, Optional
 
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
-from siirl.params.sections import ConfigSection, Mount
+from siirl.params.sections import ConfigSection, Mount, size, workers, workers_text
 
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
     "actor_rollout_ref.rollout"
@@ -145,6 +145,52 @@ def megatron_rules(mount: Mount) -> List[Rule]:
     ]
 
 
+_GROUP_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "context_parallel_size")
+
+
+def model_parallel(config: Any) -> Optional[int]:
+    """Workers that share rows in a megatron model: the actor's TP x PP x CP (the reference
+    and the critic run in the actor's parallel state)."""
+    sizes = [size(config, f"{ACTOR}.megatron.{k}") for k in _GROUP_SIZES]
+    if None in sizes:
+        return None
+    return sizes[0] * sizes[1] * sizes[2]
+
+
+def megatron_size_problems(cp: Optional[int], pp: Optional[int], vpp: Optional[int]
+                           ) -> List[str]:
+    """The parallel sizes the engine refuses whatever the model: context parallelism, and
+    virtual stages without pipeline stages (the engine asks again,
+    siirl.engine.megatron.setup)."""
+    problems = []
+    if cp and cp != 1:
+        problems.append(f"{ACTOR}.megatron.context_parallel_size={cp}: context parallelism is "
+                        "not supported by this release (it needs Transformer Engine's "
+                        "attention); use tensor and pipeline parallelism")
+    if vpp and vpp > 1 and pp == 1:
+        problems.append(f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size={vpp} needs "
+                        "pipeline_model_parallel_size > 1")
+    return problems
+
+
+def megatron_constraints(config: Any) -> List[str]:
+    """The actor's megatron sizes, where the actor or the critic runs on megatron (a
+    megatron reference or critic runs in the actor's parallel state)."""
+    if all(str(get(config, f"{role}.strategy")) != "megatron" for role in (ACTOR, "critic")):
+        return []
+    problems, count, group = [], workers(config), model_parallel(config)
+    if count and group and count % group:
+        sizes = " x ".join(f"{ACTOR}.megatron.{k}={get(config, f'{ACTOR}.megatron.{k}')}"
+                           for k in _GROUP_SIZES)
+        problems.append(f"{sizes} = {group} (the workers of one megatron model) must divide "
+                        f"{workers_text(count)}")
+    return problems + megatron_size_problems(
+        *(size(config, f"{ACTOR}.megatron.{k}") for k in (
+            "context_parallel_size", "pipeline_model_parallel_size",
+            "virtual_pipeline_model_parallel_size")))
+
+
 SECTION = ConfigSection(
     schema=MegatronArguments,
     mounts=(
@@ -157,4 +203,6 @@ SECTION = ConfigSection(
     applies_to=("megatron",),
     label="megatron",
     rules=megatron_rules,
+    constraints=megatron_constraints,
+    model_parallel=model_parallel,
 )

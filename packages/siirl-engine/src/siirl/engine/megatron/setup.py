@@ -13,10 +13,9 @@ from typing import Dict
 
 import torch
 
-from siirl.engine.megatron.config import MegatronArguments
+from siirl.engine.megatron.config import MegatronArguments, megatron_size_problems
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
-from siirl.params.constraints import megatron_size_problems
 
 MEGATRON_KEY = "actor_rollout_ref.actor.megatron"
 # Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows

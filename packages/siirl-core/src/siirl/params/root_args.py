@@ -1,0 +1,51 @@
+"""The root of core's schema, before the installed config sections are mounted on it
+(``siirl.params.compose``); import ``SiiRLArguments`` from ``siirl.params``, which is the
+composed one."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from siirl.params.agentic_args import EnvManagerArguments, RolloutSchedulerArguments
+from siirl.params.dag_args import DagArguments
+from siirl.params.data_args import DataArguments
+from siirl.params.model_args import ActorRolloutRefArguments, CriticArguments
+from siirl.params.profiler_args import ProfilerArguments
+from siirl.params.reward_args import (
+    CustomRewardFunctionArguments,
+    RewardManagerArguments,
+    RewardModelArguments,
+)
+from siirl.params.training_args import AlgorithmArguments, TrainerArguments
+
+
+@dataclass
+class SiiRLArguments:
+    """Root siiRL training configuration (verl-compatible keys plus the dag group)."""
+
+    algorithm: AlgorithmArguments = field(default_factory=AlgorithmArguments)
+    data: DataArguments = field(default_factory=DataArguments)
+    actor_rollout_ref: ActorRolloutRefArguments = field(default_factory=ActorRolloutRefArguments)
+    critic: CriticArguments = field(default_factory=CriticArguments)
+    reward_model: RewardModelArguments = field(default_factory=RewardModelArguments)
+    custom_reward_function: CustomRewardFunctionArguments = field(
+        default_factory=CustomRewardFunctionArguments
+    )
+    reward_manager: RewardManagerArguments = field(default_factory=RewardManagerArguments)
+    trainer: TrainerArguments = field(default_factory=TrainerArguments)
+    dag: DagArguments = field(default_factory=DagArguments)
+    profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
+    # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
+    custom_envs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "AGENTIC environments by tag (ROLL's layout), a free-form dict: "
+                "TAG: {env_type, env_config, env_instruction}.",
+        "entries": {"env_type": "an installed environment (siirl.environments)",
+                    "env_config": "the environment's own settings (a dict)",
+                    "env_instruction": "the rules shown to the agent (optional)"},
+        "example": "+custom_envs.Sok.env_type=sokoban "
+                   "+custom_envs.Sok.env_config.dim_room=[6,6]"})
+    env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
+    # ROLL's rollout schedulers of training and validation episodes
+    train_env_manager: RolloutSchedulerArguments = field(
+        default_factory=RolloutSchedulerArguments)
+    val_env_manager: RolloutSchedulerArguments = field(
+        default_factory=RolloutSchedulerArguments)
