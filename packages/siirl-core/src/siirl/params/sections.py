@@ -83,6 +83,9 @@ class ConfigSection:
     # parallel peers; None: not a usable size); without it, 1: every worker is a data
     # parallel rank of the role
     model_parallel: Optional[Callable[[Any], Optional[int]]] = None
+    # (importable module, package, pip line) the backend needs where a role runs on it,
+    # named by the validation pass when this machine lacks it
+    requires: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.schema):

@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount, size, workers, workers_text
+from siirl.plugins import install_hint
 
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
     "actor_rollout_ref.rollout"
@@ -205,4 +206,5 @@ SECTION = ConfigSection(
     rules=megatron_rules,
     constraints=megatron_constraints,
     model_parallel=model_parallel,
+    requires=("megatron.core", "megatron-core", install_hint("siirl.engines", "megatron")),
 )
