@@ -144,9 +144,11 @@ def test_tensor_parallel_rollout_feeds_data_parallel_training(runs, tmp_path):
           "trainer.test_freq=-1", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     got, want = steps(tmp_path)[("train", 1)], steps(one)[("train", 1)]
     assert_close(want, got, ["actor/pg_loss", "actor/grad_norm", "critic/score/mean"])
-    # both workers share a node: the rows go through shared memory, a note over gloo
-    assert got["databuffer/actor_old_log_prob/shared_bytes"] > 0
-    assert got["databuffer/actor_old_log_prob/bytes_sent"] > 0
+    # both workers share a node: the rows go through shared memory, a note over gloo (to
+    # the first node with the actor's layout: the update, the old-log-prob node being left
+    # out on-policy)
+    assert got["databuffer/actor_train/shared_bytes"] > 0
+    assert got["databuffer/actor_train/bytes_sent"] > 0
 
 
 def test_a_raising_worker_stops_the_job_with_its_rank_and_traceback(tmp_path):

@@ -94,7 +94,7 @@ def test_two_nodes_train_like_two_workers_of_one_node(two_nodes, tmp_path):
         for key in LEARNING:
             assert spread[step][key] == one_node[step][key], (step, key)
     # rows cross between the nodes over gloo; within one node they go through shared memory
-    moved = "databuffer/actor_old_log_prob"
+    moved = "databuffer/actor_train"  # the first actor node (old log-probs on-policy: none)
     assert spread[1][f"{moved}/bytes_sent"] > 0 and spread[1][f"{moved}/shared_bytes"] == 0
     assert one_node[1][f"{moved}/shared_bytes"] > 0
 
