@@ -42,7 +42,9 @@ PROVIDED: Dict[str, Dict[str, str]] = {
     "siirl.pipelines": {**{name: "siirl-core" for name in ("grpo", "ppo", "dapo", "remax")},
                         "agentic": "siirl-envs", "agentic_ppo": "siirl-envs",
                         "embodied": "siirl-envs"},
-    "siirl.config": {"fsdp": "siirl-engine", "megatron": "siirl-engine"},
+    "siirl.config": {"fsdp": "siirl-engine", "megatron": "siirl-engine",
+                     "env_manager": "siirl-envs", "env_scheduler": "siirl-envs",
+                     "embodied": "siirl-envs"},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {

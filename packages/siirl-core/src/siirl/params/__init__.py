@@ -16,10 +16,8 @@ modules that define core's part (``model_args``, ...).
 from typing import Any
 
 from siirl.params import (
-    agentic_args,
     dag_args,
     data_args,
-    embodied_args,
     model_args,
     profiler_args,
     reward_args,
@@ -27,8 +25,8 @@ from siirl.params import (
     training_args,
 )
 
-_SCHEMA_MODULES = (agentic_args, dag_args, data_args, embodied_args, model_args,
-                   profiler_args, reward_args, root_args, training_args)
+_SCHEMA_MODULES = (dag_args, data_args, model_args, profiler_args, reward_args, root_args,
+                   training_args)
 _composing = False
 
 
@@ -65,8 +63,6 @@ __all__ = [
     "ActorArguments",
     "ActorRolloutRefArguments",
     "AlgorithmArguments",
-    "EmbodiedArguments",
-    "EmbodiedEnvironmentArguments",
     "EmbodiedSamplingArguments",
     "CheckpointArguments",
     "CriticArguments",
@@ -75,14 +71,12 @@ __all__ = [
     "CustomRewardFunctionArguments",
     "DagArguments",
     "DataArguments",
-    "EnvManagerArguments",
     "FilterGroupsArguments",
     "GenerativeJudgeArguments",
     "KLCtrlArguments",
     "ModelArguments",
     "AgentRolloutArguments",
     "MultiTurnArguments",
-    "RolloutSchedulerArguments",
     "OptimArguments",
     "OverlongBufferArguments",
     "PFPPOArguments",
@@ -95,7 +89,6 @@ __all__ = [
     "RewardModelArguments",
     "RewardModelModelArguments",
     "RewardModelProfilerArguments",
-    "RewardNormalizationArguments",
     "RolloutArguments",
     "SamplerArguments",
     "SandboxFusionArguments",

@@ -46,6 +46,23 @@ def _rebuilt_factory(factory: Callable[[], Any], new_cls: type) -> Callable[[], 
     return make
 
 
+def _placement_order(own: List[Tuple[Mount, ConfigSection]], names: List[str], prefix: str
+                     ) -> List[Tuple[Mount, ConfigSection]]:
+    """``own`` in the order of the sections' names, except that a mount placed after a
+    sibling another section adds comes after that one."""
+    ordered, known, todo = [], set(names), list(own)
+    while todo:
+        ready = [(m, s) for m, s in todo if m.after is None or m.after in known]
+        if not ready:
+            mount = todo[0][0]
+            raise TypeError(f"config section at '{mount.path}' is to follow "
+                            f"'{prefix}{mount.after}', which is not in the schema")
+        ordered += ready
+        known.update(m.field_name for m, _ in ready)
+        todo = [item for item in todo if item not in ready]
+    return ordered
+
+
 def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
              rebuilt: Dict[type, type]) -> type:
     prefix = f"{path}." if path else ""
@@ -63,12 +80,9 @@ def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
         else:
             fields.append(_copy_field(f, hints[f.name]))
     names, added = [name for name, _, _ in fields], set()
-    for mount, section in own:  # in the order of the sections' names
+    for mount, section in _placement_order(own, names, prefix):
         if mount.field_name in names:
             raise TypeError(f"config section at '{mount.path}' clashes with an existing key")
-        if mount.after is not None and mount.after not in names:
-            raise TypeError(f"config section at '{mount.path}' is to follow "
-                            f"'{prefix}{mount.after}', which is not in the schema")
         at = names.index(mount.after) + 1 if mount.after is not None else len(names)
         while at < len(names) and names[at] in added:  # after sections placed there before
             at += 1

@@ -159,30 +159,6 @@ def _resume_path_given(config: Any) -> List[str]:
     return []
 
 
-def _scheduler_settings(config: Any) -> List[str]:
-    """ROLL's scheduler sections: the training group size is rollout.n (the batch arithmetic
-    counts on it), and a partition gives one share per tag."""
-    problems = []
-    group = _size(config, "train_env_manager.group_size")
-    n = _size(config, f"{R}.n")
-    if group is not None and n is not None and group != n:
-        problems.append(f"train_env_manager.group_size={group} differs from {R}.n={n}: both "
-                        "are the episodes started from one seed; set them equal (or leave "
-                        "group_size unset)")
-    for section in ("train_env_manager", "val_env_manager"):
-        partition = _get(config, f"{section}.num_groups_partition")
-        tags = _get(config, f"{section}.tags") or _get(config, "env_manager.tags") or \
-            list(_get(config, "custom_envs") or {})
-        if partition is None:
-            continue
-        partition = list(partition)
-        if len(partition) != len(list(tags)) or any(int(v) < 0 for v in partition) or \
-                sum(int(v) for v in partition) <= 0:
-            problems.append(f"{section}.num_groups_partition={partition} needs one share >= 0 "
-                            f"per tag ({list(tags)}), not all 0")
-    return problems
-
-
 CHECKS: List[Callable[[Any], List[str]]] = [
     _batch_splits_over_workers,
     _rollout_parallel_fits,
@@ -197,7 +173,6 @@ CHECKS: List[Callable[[Any], List[str]]] = [
              "algorithm.embodied_sampling.accuracy_upper_bound",
              "the success rates a task group may have to be kept"),
     _resume_path_given,
-    _scheduler_settings,
     logger_problems,
 ]
 

@@ -220,16 +220,6 @@ RULES: Tuple[Rule, ...] = (
     notice("critic.model.tokenizer_path", "no effect: the critic reads the actor's tokens",
            "the critic scores the actor's token ids; no second tokenizer is loaded."),
     *REWARD_RULES,
-    # -- embodied
-    notice(tuple(f"actor_rollout_ref.embodied.{k}" for k in (
-        "embodied_type", "model_path", "embedding_img_size", "embedding_model_class",
-        "embedding_model_offload", "num_images_in_input", "center_crop", "unnorm_key",
-        "n_gpus_per_node", "temperature", "env.num_trials_per_task", "env.model_family")),
-           "read by siiRL's OpenVLA path only",
-           "these configure siiRL's OpenVLA models (image preprocessing, action "
-           "un-normalisation, their own GPU count); here the model is actor_rollout_ref.model, "
-           "its forward takes pixel_values and proprio, sampling uses "
-           "actor_rollout_ref.rollout.temperature, and the dataloader's rows name the trials."),
     # -- trainer
     notice("trainer.balance_batch", "no effect: rows are not reordered by length",
            "rows are not reordered by length across workers: each worker trains on its slice "

@@ -11,8 +11,6 @@ verl.
 from dataclasses import dataclass, field
 from typing import Any
 
-from siirl.params.embodied_args import EmbodiedArguments
-
 # --- Shared building blocks ---
 
 
@@ -283,7 +281,6 @@ class ActorRolloutRefArguments:
     actor: ActorArguments = field(default_factory=ActorArguments)
     ref: RefArguments = field(default_factory=RefArguments)
     rollout: RolloutArguments = field(default_factory=RolloutArguments)
-    embodied: EmbodiedArguments = field(default_factory=EmbodiedArguments)
 
 
 # --- critic ---

@@ -5,7 +5,6 @@ composed one."""
 from dataclasses import dataclass, field
 from typing import Any
 
-from siirl.params.agentic_args import EnvManagerArguments, RolloutSchedulerArguments
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import DataArguments
 from siirl.params.model_args import ActorRolloutRefArguments, CriticArguments
@@ -34,7 +33,8 @@ class SiiRLArguments:
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
     profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
-    # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout) and the env manager
+    # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout); siirl-envs mounts the env
+    # manager and its schedulers after it (siirl.environment.config.agentic)
     custom_envs: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "AGENTIC environments by tag (ROLL's layout), a free-form dict: "
                 "TAG: {env_type, env_config, env_instruction}.",
@@ -43,9 +43,3 @@ class SiiRLArguments:
                     "env_instruction": "the rules shown to the agent (optional)"},
         "example": "+custom_envs.Sok.env_type=sokoban "
                    "+custom_envs.Sok.env_config.dim_room=[6,6]"})
-    env_manager: EnvManagerArguments = field(default_factory=EnvManagerArguments)
-    # ROLL's rollout schedulers of training and validation episodes
-    train_env_manager: RolloutSchedulerArguments = field(
-        default_factory=RolloutSchedulerArguments)
-    val_env_manager: RolloutSchedulerArguments = field(
-        default_factory=RolloutSchedulerArguments)

@@ -72,10 +72,11 @@ class ConfigSection:
 
     schema: type  # the dataclass of its keys (its default instance is the default)
     mounts: Tuple[Mount, ...]
-    applies_to: Tuple[str, ...]  # selector values under which the run reads it
-    label: str  # how notices name it ("megatron settings apply only when ...")
-    # rules at each mount where the section applies: its own keys, and the owner's keys
-    # this backend cannot honour (checked before core's rules, first match decides)
+    applies_to: Tuple[str, ...] = ()  # selector values under which the run reads it
+    label: str = ""  # how notices name it ("megatron settings apply only when ...")
+    # rules at each mount (where a selector picks the section: only then), on its own keys
+    # and on the owner's keys this backend cannot honour; checked before core's rules, the
+    # first that matches and holds decides
     rules: Callable[[Mount], Sequence[Rule]] = _no_rules
     # relations between keys this backend needs, one line per problem (validation pass)
     constraints: Callable[[Any], List[str]] = _no_problems
@@ -162,11 +163,13 @@ def _while_applying(rule: Rule, section: ConfigSection, mount: Mount) -> Rule:
 
 def section_rules() -> Tuple[Rule, ...]:
     """The key rules of every installed section: at each mount with a selector the general
-    not-applying rule, then the section's own rules, which hold only where it applies."""
+    not-applying rule, then the section's own rules, which hold only where it applies; at a
+    mount without one, the section's rules as they are."""
     rules: List[Rule] = []
     for section in installed_sections().values():
         for mount in section.mounts:
             if mount.selector is None:
+                rules += section.rules(mount)
                 continue
             rules.append(_not_applying(section, mount))
             rules += [_while_applying(rule, section, mount) for rule in section.rules(mount)]

@@ -44,6 +44,8 @@ class FSDPArguments:
 
 def fsdp_rules(mount: Mount) -> List[Rule]:
     """The rules of one role's ``fsdp_config`` where the role runs on fsdp."""
+    if mount.selector is None:  # the reward model's rules are the reward model's
+        return []
     prefix, has_optimizer = mount.path, mount.role != "reference"
     offload = (f"{prefix}.param_offload", f"{prefix}.offload_policy")
     return [

@@ -105,6 +105,8 @@ def _role_keys(mount: Mount) -> List[Rule]:
 def megatron_rules(mount: Mount) -> List[Rule]:
     """The rules of one role's ``megatron`` section (and of its keys megatron cannot
     honour) where the role runs on megatron."""
+    if mount.selector is None:  # the reward model's rules are the reward model's
+        return []
     prefix, role = mount.path, mount.role
     rules = []
     if role != "actor":

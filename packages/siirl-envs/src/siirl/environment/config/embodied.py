@@ -1,13 +1,23 @@
-"""Schema of siiRL's embodied settings (``actor_rollout_ref.embodied``), names and defaults
-as in siiRL's ``embodied_args.py``, so its launch scripts parse; the EMBODIED rollout
-(siirl-envs) reads them. Two differ: ``env.env_config`` and ``env.step_timeout_s`` are this
-project's (the environment's own settings, and the simulator deadline), and
+"""The embodied section of siirl-envs (``actor_rollout_ref.embodied``): siiRL's embodied
+settings, names and defaults as in siiRL's ``embodied_args.py``, so its launch scripts parse;
+the EMBODIED rollout reads them. Two differ: ``env.env_config`` and ``env.step_timeout_s``
+are this project's (the environment's own settings, and the simulator deadline), and
 ``video_embedding_model_path`` is empty by default (plain GRPO on success; SRPO when it
 names an encoder: ``builtin`` or a transformers V-JEPA 2 folder). Settings only siiRL's
-OpenVLA path reads are listed in ``key_rules`` as not applying."""
+OpenVLA path reads are not applying (the section's rule). Registered as
+``siirl.config: embodied``; nothing heavy is imported here."""
+
+from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, List
+
+from siirl.params.key_rule_kinds import Rule, notice
+from siirl.params.sections import ConfigSection, Mount
+
+_OPENVLA_ONLY = ("embodied_type", "model_path", "embedding_img_size", "embedding_model_class",
+                 "embedding_model_offload", "num_images_in_input", "center_crop", "unnorm_key",
+                 "n_gpus_per_node", "temperature", "env.num_trials_per_task", "env.model_family")
 
 
 @dataclass
@@ -54,3 +64,22 @@ class EmbodiedArguments:
     unnorm_key: str = "libero_10"
     temperature: float = 1.6
     n_gpus_per_node: int = 8
+
+
+def embodied_rules(mount: Mount) -> List[Rule]:
+    return [notice(tuple(f"{mount.path}.{k}" for k in _OPENVLA_ONLY),
+                   "read by siiRL's OpenVLA path only",
+                   "these configure siiRL's OpenVLA models (image preprocessing, action "
+                   "un-normalisation, their own GPU count); here the model is "
+                   "actor_rollout_ref.model, its forward takes pixel_values and proprio, "
+                   "sampling uses actor_rollout_ref.rollout.temperature, and the dataloader's "
+                   "rows name the trials.")]
+
+
+# read by the EMBODIED workflow and by custom workflows that play embodied episodes, so no
+# selector: its own rule names what no workflow here reads
+SECTION = ConfigSection(
+    schema=EmbodiedArguments,
+    mounts=(Mount("actor_rollout_ref.embodied", "embodied", after="rollout"),),
+    rules=embodied_rules,
+)

@@ -1,7 +1,18 @@
-"""Agentic RL settings (``algorithm.workflow_type=AGENTIC``): ROLL's ``custom_envs`` and the
-trajectory env manager's limits."""
+"""The agentic sections of siirl-envs (``algorithm.workflow_type=AGENTIC``): ROLL's env
+manager (``env_manager``: how episodes become training rows) and its rollout schedulers
+(``train_env_manager`` / ``val_env_manager``), with the rule tying them to the rollout.
+Registered as ``siirl.config: env_manager`` and ``env_scheduler``; the agentic rollout reads
+them. Nothing heavy is imported here: ``siirl-train --help`` reads it."""
+
+from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, List
+
+from siirl.params.key_conditions import get
+from siirl.params.sections import ConfigSection, Mount, size
+
+R = "actor_rollout_ref.rollout"
 
 
 @dataclass
@@ -70,3 +81,41 @@ class RolloutSchedulerArguments:
     num_groups_partition: list[int] | None = field(
         default=None, metadata={"help": "Share of the prompt rows (seed groups) per tag, in "
                                         "the order of tags (null: the tags in turn)."})
+
+
+def scheduler_problems(config: Any) -> List[str]:
+    """ROLL's scheduler sections: the training group size is rollout.n (the batch arithmetic
+    counts on it), and a partition gives one share per tag."""
+    problems = []
+    group = size(config, "train_env_manager.group_size")
+    n = size(config, f"{R}.n")
+    if group is not None and n is not None and group != n:
+        problems.append(f"train_env_manager.group_size={group} differs from {R}.n={n}: both "
+                        "are the episodes started from one seed; set them equal (or leave "
+                        "group_size unset)")
+    for section in ("train_env_manager", "val_env_manager"):
+        partition = get(config, f"{section}.num_groups_partition")
+        tags = get(config, f"{section}.tags") or get(config, "env_manager.tags") or \
+            list(get(config, "custom_envs") or {})
+        if partition is None:
+            continue
+        partition = list(partition)
+        if len(partition) != len(list(tags)) or any(int(v) < 0 for v in partition) or \
+                sum(int(v) for v in partition) <= 0:
+            problems.append(f"{section}.num_groups_partition={partition} needs one share >= 0 "
+                            f"per tag ({list(tags)}), not all 0")
+    return problems
+
+
+# read by the AGENTIC workflow and the env-manager rollouts of custom workflows alike, so no
+# selector: the keys apply wherever an env manager runs
+ENV_MANAGER = ConfigSection(
+    schema=EnvManagerArguments,
+    mounts=(Mount("env_manager", "agentic", after="custom_envs"),),
+)
+ENV_SCHEDULER = ConfigSection(
+    schema=RolloutSchedulerArguments,
+    mounts=(Mount("train_env_manager", "agentic", after="env_manager"),
+            Mount("val_env_manager", "agentic", after="train_env_manager")),
+    constraints=scheduler_problems,
+)
