@@ -52,6 +52,7 @@ from siirl.data_coordinator.fields import (
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole
+from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -78,33 +79,6 @@ def _process(node: Any) -> AgentProcess:
 
 def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> List[List[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
-
-
-def _left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
-    width = max(1, max(len(p) for p in prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
-    return {INPUT_IDS: ids, ATTENTION_MASK: mask,
-            POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0)}
-
-
-def _reply(rollout: Any, prompts: List[List[int]], keys: List[int], pad_id: int,
-           response_length: int, validate: bool) -> List[List[int]]:
-    """One reply per prompt from an agent's rollout engine, noise keyed by ``keys``."""
-    fields = _left_padded(prompts, pad_id)
-    fields[SAMPLE_ID] = torch.tensor(keys, dtype=torch.long)
-    batch = protocol.make_batch(fields)
-    if not hasattr(rollout, "overridden"):
-        raise ConfigError(f"the rollout engine {type(rollout).__name__} has no overridden(n, "
-                          "response_length): multi-agent rollouts need one reply per episode")
-    with rollout.overridden(n=1, response_length=response_length):
-        out = rollout.generate(batch, validate=validate).batch
-    return [row[mask.bool()].tolist()
-            for row, mask in zip(out[RESPONSES], out[RESPONSE_MASK], strict=True)]
 
 
 def _ground_truths(batch: Any) -> List[Any]:
@@ -136,7 +110,7 @@ def _agent_rows(episodes: Sequence[_Episode], group: int, pad_id: int,
                 response_length: int) -> Dict[str, torch.Tensor]:
     prompts = [e.last.get(group, ([pad_id], []))[0] for e in episodes]
     replies = [e.last.get(group, ([pad_id], []))[1][:response_length] for e in episodes]
-    left = _left_padded(prompts, pad_id)
+    left = left_padded(prompts, pad_id)
     responses = torch.full((len(replies), response_length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(replies), response_length), dtype=torch.float32)
     for row, reply in enumerate(replies):
@@ -238,8 +212,8 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
             reads = [agent.pre(tokenizer, e.text_ids, e.obs.get(index))[-limit:]
                      for e in active]
             keys = [zlib.crc32(f"{e.key}:{turn}:{index}".encode()) for e in active]
-            replies = _reply(agents.engines[group].rollout, reads, keys, pad_id, length,
-                             validate)
+            replies = EnginePolicy(agents.engines[group].rollout, pad_id, length,
+                                   validate)(reads, keys)
             for e, read, reply in zip(active, reads, replies, strict=True):
                 e.last[group] = (read, reply)
                 e.text_ids = agent.post(tokenizer, e.text_ids, reply)

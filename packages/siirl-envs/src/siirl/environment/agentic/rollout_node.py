@@ -37,11 +37,11 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
-from siirl.environment.episodes.policy import EnginePolicy, left_padded
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.environment.registry import make_env
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 
 _POOLS: Dict[tuple, Any] = {}  # (processes, timeout) -> this worker's environment processes
 

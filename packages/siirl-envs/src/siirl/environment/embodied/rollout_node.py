@@ -51,10 +51,10 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
-from siirl.environment.episodes.policy import EnginePolicy, left_padded
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
 

@@ -36,13 +36,13 @@ from siirl.data_coordinator.fields import (
     SAMPLE_ID,
     UID,
 )
-from siirl.environment.episodes.policy import EnginePolicy
 from siirl.environment.episodes.seeds import episode_key
 from siirl.environment.multi_turn.conversation import Conversation, ToolLoop
 from siirl.environment.multi_turn.interactions import load_interactions
 from siirl.environment.tools.registry import load_tools
 from siirl.errors import ConfigError
 from siirl.execution.config_select import select
+from siirl.execution.rollout_flow.engine_policy import EnginePolicy
 
 KEY = "actor_rollout_ref.rollout.multi_turn"
 

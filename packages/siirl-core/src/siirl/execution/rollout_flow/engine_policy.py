@@ -1,5 +1,6 @@
 """The policy every episode loop plays with: one reply per prompt from the worker's rollout
-engine (HF, vLLM, ...), each seeded by its episode's key."""
+engine (HF, vLLM, ...), each seeded by its episode's key. In core, beside the episode
+runner, as the multi-agent rollout plays with it too."""
 
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ from siirl.data_coordinator.fields import (
     RESPONSES,
     SAMPLE_ID,
 )
+from siirl.errors import ConfigError
 
 
 def left_padded(prompts: Sequence[List[int]], pad_id: int) -> Dict[str, torch.Tensor]:
     """``input_ids``, ``attention_mask`` and ``position_ids`` of prompts padded on the left."""
-    width = max(len(p) for p in prompts)
+    width = max(1, max(len(p) for p in prompts))  # an empty prompt still gets a column
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
+        if prompt:
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
     return {INPUT_IDS: ids, ATTENTION_MASK: mask,
             POSITION_IDS: (mask.cumsum(dim=1) - 1).clamp(min=0)}
 
@@ -37,6 +40,10 @@ class EnginePolicy:
     keyed = True
 
     def __init__(self, rollout: Any, pad_id: int, reply_tokens: int, validate: bool):
+        if not hasattr(rollout, "overridden"):
+            raise ConfigError(f"the rollout engine {type(rollout).__name__} has no "
+                              "overridden(n, response_length): episode rollouts need one "
+                              "reply per episode")
         self.rollout, self.pad_id = rollout, pad_id
         self.reply_tokens, self.validate = reply_tokens, validate
 
