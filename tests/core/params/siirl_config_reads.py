@@ -99,9 +99,21 @@ def _scan(path: Path) -> FileReads:
 
 
 @lru_cache(maxsize=1)
+def _section_modules() -> Set[Path]:
+    """The modules of the config sections packages register (siirl.config): like
+    siirl/params, they declare keys and their rules, which is not reading them."""
+    from importlib.metadata import entry_points
+    from importlib.util import find_spec
+
+    return {Path(find_spec(ep.module).origin).resolve()
+            for ep in entry_points(group="siirl.config")}
+
+
+@lru_cache(maxsize=1)
 def scanned() -> List[FileReads]:
+    sections = _section_modules()
     files = sorted(p for src in (REPO / "packages").glob("*/src") for p in src.rglob("*.py")
-                   if "siirl/params" not in p.as_posix())
+                   if "siirl/params" not in p.as_posix() and p.resolve() not in sections)
     return [_scan(p) for p in files]
 
 

@@ -3,12 +3,12 @@ sequence classifier's, and the generative judge's own model's)."""
 
 import torch
 
+from siirl.engine.reward_model.config import RewardModelModelArguments
 from siirl.engine.reward_model.loading import (
     BUILTIN_TINY_REWARD,
     load_causal_lm,
     load_classifier,
 )
-from siirl.params import RewardModelModelArguments
 
 torch.set_num_threads(1)
 

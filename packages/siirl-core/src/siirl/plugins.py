@@ -43,6 +43,7 @@ PROVIDED: Dict[str, Dict[str, str]] = {
                         "agentic": "siirl-envs", "agentic_ppo": "siirl-envs",
                         "embodied": "siirl-envs"},
     "siirl.config": {"fsdp": "siirl-engine", "megatron": "siirl-engine",
+                     "reward_model": "siirl-engine", "reward_judge": "siirl-engine",
                      "env_manager": "siirl-envs", "env_scheduler": "siirl-envs",
                      "embodied": "siirl-envs"},
 }

@@ -73,7 +73,7 @@ RULES: Tuple[Rule, ...] = (
     refused("data.sampler.*", "custom samplers are not supported",
             "custom samplers (curricula) are not supported; the training order is a seeded "
             "shuffle (data.shuffle, data.seed)."),
-    notice(("data.use_shm", "actor_rollout_ref.model.use_shm", "reward_model.model.use_shm"),
+    notice(("data.use_shm", "actor_rollout_ref.model.use_shm"),
            "no effect: files are read in place",
            "copying files to shared memory is not implemented; they are read where they are."),
     refused("data.gen_batch_size", "read by dynamic sampling only",

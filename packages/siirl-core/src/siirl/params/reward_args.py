@@ -1,25 +1,13 @@
 """Schema of the reward groups: ``reward_model`` (managers, limits, the overlong buffer,
 sandbox fusion, the reward model and its judge) and ``custom_reward_function``; key names
-and defaults follow verl's, except siiRL's ``style``, ``rm_weight`` and ``judge.*``."""
+and defaults follow verl's, except siiRL's ``style``, ``rm_weight`` and ``judge.*``. The reward
+model's own sections (``reward_model.model``, ``reward_model.judge``) are siirl-engine's
+(``siirl.engine.reward_model.config``)."""
 
 from dataclasses import dataclass, field
 from typing import Any
 
 # --- reward_model / custom_reward_function ---
-
-
-@dataclass
-class RewardModelModelArguments:
-    """Model-based reward: RM path, input tokenizer and sharding."""
-
-    input_tokenizer: str | None = "${actor_rollout_ref.model.path}"
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
-    external_lib: str | None = "${actor_rollout_ref.model.external_lib}"
-    use_remove_padding: bool = False
-    use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"
-    trust_remote_code: bool = False
-    override_config: dict[str, Any] = field(default_factory=dict)  # verl's key
-    use_shm: bool = False  # verl's key
 
 
 @dataclass
@@ -82,29 +70,6 @@ class RewardModelProfilerArguments:
 
 
 @dataclass
-class GenerativeJudgeArguments:
-    """The LLM judge of reward_model.style=generative (siiRL's keys)."""
-
-    source: str = field(
-        default="rollout", metadata={"help": "Who judges: 'rollout' (the actor's rollout "
-                                             "engine: the policy grades itself) or 'model' "
-                                             "(a causal LM at reward_model.model.path)."}
-    )
-    template: str | None = field(
-        default=None, metadata={"help": "Judge prompt with {question} and {response}; the "
-                                        "grade is read after 'Score:' (default: a 0-10 "
-                                        "rating prompt ending in 'Score:')."}
-    )
-    max_new_tokens: int = field(
-        default=16, metadata={"help": "Tokens the judge may reply with."}
-    )
-    max_score: float = field(
-        default=10.0, metadata={"help": "The top grade: grades are clipped to [0, max_score] "
-                                        "and divided by it."}
-    )
-
-
-@dataclass
 class RewardModelArguments:
     """Reward computation: reward manager, optional reward model, DAPO overlong buffer."""
 
@@ -114,7 +79,6 @@ class RewardModelArguments:
                                          "model's."}
     )
     strategy: str = "fsdp"
-    model: RewardModelModelArguments = field(default_factory=RewardModelModelArguments)
     # siiRL's keys: how the model scores, and its weight against the rule scores
     style: str = field(
         default="discriminative",
@@ -126,7 +90,6 @@ class RewardModelArguments:
         default=1.0, metadata={"help": "Weight of the reward model's score added to the rule "
                                        "score (rows without a rule: the model's alone)."}
     )
-    judge: GenerativeJudgeArguments = field(default_factory=GenerativeJudgeArguments)
     micro_batch_size: int | None = None  # deprecated
     micro_batch_size_per_gpu: int | None = None
     max_length: int | None = None

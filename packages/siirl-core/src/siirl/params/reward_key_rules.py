@@ -1,96 +1,16 @@
-"""The key table's rules for the reward sections: ``reward_model`` (the reward model, its
-generative judge or sequence classifier, sandbox fusion, the reward keywords), verl's reward
-loop, and verl's ``reward_manager`` section. ``siirl.params.key_rules`` places
-``REWARD_RULES`` in the table."""
+"""The key table's rules for the reward sections: ``reward_model`` (sandbox fusion, the reward
+keywords), verl's reward loop, and verl's ``reward_manager`` section. ``siirl.params.key_rules``
+places ``REWARD_RULES`` in the table. The reward model's own rules (its model, its judge or
+sequence classifier) are its section's (``siirl.engine.reward_model.config``)."""
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Tuple
 
 from siirl.params.key_conditions import ROLLOUT, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 
-_REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
-    "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
-    "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
-    "style", "rm_weight", "judge.*", "enable_resource_pool", "n_gpus_per_node", "nnodes",
-    "rollout.*"))
-_RM_CLASSIFIER_KEYS = tuple(f"reward_model.{k}" for k in (
-    "micro_batch_size", "micro_batch_size_per_gpu", "use_dynamic_bsz",
-    "forward_max_token_len_per_gpu", "ulysses_sequence_parallel_size", "model.fsdp_config.*",
-    "model.use_remove_padding"))
-
-
-def _rm_off(config: Any, key: str) -> bool:
-    return not get(config, "reward_model.enable", False)
-
-
-def _rm_judge(config: Any, key: str) -> bool:
-    return str(get(config, "reward_model.style", "discriminative")) == "generative"
-
-
-def _rm_classifier(config: Any, key: str) -> bool:
-    return not _rm_off(config, key) and not _rm_judge(config, key)
-
-
 REWARD_RULES: Tuple[Rule, ...] = (
-    # -- reward model
-    notice(_REWARD_MODEL_KEYS, "no effect without a reward model",
-           "reward-model settings only act with reward_model.enable=true.", _rm_off),
-    refused("reward_model.enable", "not with the embodied reward manager",
-            "the embodied reward manager scores episodes, not text a reward model could "
-            "read: keep reward_model.enable=false with reward_model.reward_manager=embodied.",
-            lambda config, key: get(config, "reward_model.reward_manager") == "embodied"),
-    refused("reward_model.strategy", "the reward model runs on fsdp",
-            "a Megatron reward model is not implemented: reward_model.strategy=fsdp loads it "
-            "with transformers, held whole by each worker or sharded with FSDP2.",
-            lambda config, key: str(get(config, key)) == "megatron"),
-    notice("reward_model.megatron.*", "no effect: the reward model runs on fsdp",
-           "a Megatron reward model is not implemented (reward_model.strategy=megatron is "
-           "refused)."),
-    notice("reward_model.judge.*", "no effect unless style=generative",
-           "judge settings only act with reward_model.style=generative.",
-           lambda config, key: not _rm_judge(config, key)),
-    notice(_RM_CLASSIFIER_KEYS, "no effect with the generative judge",
-           "the judge replies through a rollout engine (its batches: "
-           "actor_rollout_ref.rollout.max_num_seqs); sequence-classifier settings do not apply.",
-           _rm_judge),
-    notice(("reward_model.model.path", "reward_model.model.trust_remote_code",
-            "reward_model.model.external_lib"), "no effect: the judge is the rollout engine",
-           "with reward_model.judge.source=rollout the policy's rollout engine judges; "
-           "reward_model.model.* names a judge of its own with judge.source=model.",
-           lambda config, key: _rm_judge(config, key) and
-           str(get(config, "reward_model.judge.source", "rollout")) == "rollout"),
-    refused(("reward_model.model.fsdp_config.param_offload",
-             "reward_model.model.fsdp_config.offload_policy"),
-            "not for the reward model",
-            "CPU offload is implemented for the actor, reference and critic (fsdp_config."
-            "param_offload); the reward model stays on the GPU: leave it false.",
-            _rm_classifier),
-    notice("reward_model.model.fsdp_config.optimizer_offload", "no effect: no optimizer",
-           "the reward model is frozen: it has no optimizer.", _rm_classifier),
-    notice(("reward_model.model.fsdp_config.wrap_policy",
-            "reward_model.model.fsdp_config.forward_prefetch"),
-           "no effect: FSDP2 shards every decoder layer",
-           "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
-           "replicates the whole model); wrapping and prefetch are not tunable.", _rm_classifier),
-    notice("reward_model.model.use_remove_padding", "no effect: padded micro-batches",
-           "the reward model scores padded micro-batches (the same scores); sequence packing is "
-           "implemented for the actor and critic only.", _rm_classifier),
-    notice("reward_model.model.use_fused_kernels", "no effect: transformers kernels",
-           "fused GPU kernels are not used; the reward model runs with its transformers "
-           "implementation."),
-    refused("reward_model.ulysses_sequence_parallel_size", "not for the reward model",
-            "the reward model scores whole rows on every worker; Ulysses sequence "
-            "parallelism splits the actor's, reference's and critic's sequences only: keep "
-            "it at 1.", _rm_classifier),
-    notice("reward_model.micro_batch_size", "deprecated: set the *_per_gpu key",
-           "verl's deprecated global micro-batch size is not read: set "
-           "reward_model.micro_batch_size_per_gpu.", _rm_classifier),
-    notice("reward_model.forward_max_token_len_per_gpu", "no effect without dynamic batch size",
-           "the token budget only acts with reward_model.use_dynamic_bsz=true.",
-           lambda config, key: _rm_classifier(config, key) and
-           not get(config, "reward_model.use_dynamic_bsz")),
     refused("reward_model.sandbox_fusion.url", "serves the multi-turn python tool only",
             "sandbox fusion runs the python tool of multi-turn rollouts "
             "(actor_rollout_ref.rollout.multi_turn.enable=true with a tool config); rewards "

@@ -128,8 +128,6 @@ SECTION = ConfigSection(
         Mount("actor_rollout_ref.ref.fsdp_config", "reference",
               "actor_rollout_ref.ref.strategy", after="strategy"),
         Mount("critic.model.fsdp_config", "critic", "critic.strategy"),
-        # the reward model's rules are the reward model's (siirl.params.reward_key_rules)
-        Mount("reward_model.model.fsdp_config", "reward_model"),
     ),
     applies_to=("fsdp",),
     label="FSDP",

@@ -200,7 +200,7 @@ SECTION = ConfigSection(
         Mount(f"{ACTOR}.megatron", "actor", f"{ACTOR}.strategy"),
         Mount(f"{REF}.megatron", "reference", f"{REF}.strategy", after="strategy"),
         Mount("critic.megatron", "critic", "critic.strategy"),
-        # the reward model's rules are the reward model's (siirl.params.reward_key_rules)
+        # the reward model's rules are its section's (siirl.engine.reward_model.config)
         Mount("reward_model.megatron", "reward_model", after="overlong_buffer"),
     ),
     applies_to=("megatron",),
