@@ -10,7 +10,6 @@ from pathlib import Path
 from tensordict.utils import is_non_tensor
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.execution.config_select import select
 from siirl.execution.dag.builtin_pipelines import grpo_pipeline
 from siirl.execution.dag.node import NodeRole, NodeType
 from siirl.execution.dag.pipeline import Pipeline
@@ -22,7 +21,7 @@ def record_fields(batch, config=None, **kwargs):
     """Write ``{field: "tensor" | "non-tensor"}`` of the batch that reaches actor_train."""
     kinds = {key: "non-tensor" if is_non_tensor(batch.get(key)) else "tensor"
              for key in batch.keys()}  # noqa: SIM118 (iterating a TensorDict gives rows)
-    directory = Path(str(select(config, "trainer.default_local_dir")))
+    directory = Path(config.trainer.default_local_dir)
     (directory / RECORD).write_text(json.dumps(kinds, sort_keys=True))
     return NodeOutput(batch=batch)
 

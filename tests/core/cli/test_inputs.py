@@ -4,11 +4,12 @@ import pytest
 
 from siirl.errors import ConfigError
 from siirl.launch.inputs import check_inputs, missing_inputs
+from siirl.params.typed import to_typed
 
 
 def config(data=None, model=None, nnodes=1):
-    return {"data": data or {}, "actor_rollout_ref": {"model": {"path": model}},
-            "trainer": {"nnodes": nnodes}}
+    return to_typed({"data": data or {}, "actor_rollout_ref": {"model": {"path": model}},
+                     "trainer": {"nnodes": nnodes}})
 
 
 def test_missing_data_and_model_are_named(tmp_path):

@@ -17,6 +17,7 @@ pytest.importorskip("ray")
 from siirl.errors import ConfigError  # noqa: E402
 from siirl.launch import cluster_link  # noqa: E402
 from siirl.launch.cluster_link import ClusterLink, check_recorded, choose  # noqa: E402
+from siirl.params.typed import to_typed  # noqa: E402
 
 
 def closed_port() -> str:
@@ -35,7 +36,7 @@ def ray_tmp(tmp_path, monkeypatch):
 
 
 def _config(address=None):
-    return {"trainer": {"ray_address": address}}
+    return to_typed({"trainer": {"ray_address": address}})
 
 
 def test_the_cluster_chosen(ray_tmp, monkeypatch):

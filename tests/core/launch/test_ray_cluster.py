@@ -75,8 +75,10 @@ def test_a_hanging_join_ends_the_process_with_one_line(listening):
         import time, ray
         from siirl.launch import ray_cluster
         ray.init = lambda **kw: time.sleep(600)  # a join that never finishes
-        config = {{"trainer": {{"ray_address": "{listening}", "ray_node_ip": "127.0.0.1",
-                               "ray_connect_timeout_s": 1.0}}}}
+        from siirl.params.typed import to_typed
+        config = to_typed({{"trainer": {{"ray_address": "{listening}",
+                                        "ray_node_ip": "127.0.0.1",
+                                        "ray_connect_timeout_s": 1.0}}}})
         ray_cluster.start_ray(config, 2)
     """)
     started = time.monotonic()

@@ -111,9 +111,12 @@ def _section_modules() -> Set[Path]:
 
 @lru_cache(maxsize=1)
 def scanned() -> List[FileReads]:
+    # siirl/params names every key; of it only aliases.py counts: the verl spellings it
+    # reads and translates at parse time (trainer.profile_steps) are keys code reads
     sections = _section_modules()
     files = sorted(p for src in (REPO / "packages").glob("*/src") for p in src.rglob("*.py")
-                   if "siirl/params" not in p.as_posix() and p.resolve() not in sections)
+                   if ("siirl/params" not in p.as_posix() or p.name == "aliases.py") and
+                   p.resolve() not in sections)
     return [_scan(p) for p in files]
 
 

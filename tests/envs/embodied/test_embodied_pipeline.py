@@ -6,6 +6,7 @@ from siirl.environment.embodied.pipeline import embodied_pipeline
 from siirl.execution.dag.config_loader import load_workflow
 from siirl.execution.dag.node import NodeRole
 from siirl.execution.dag.task_loader import load_pipeline
+from siirl.params.typed import to_typed
 from siirl.plugins import load_plugin
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,7 +24,8 @@ def test_flow_matches_the_spec():
 
 
 def test_selected_by_workflow_type_and_registered():
-    assert load_pipeline({"algorithm": {"workflow_type": "EMBODIED"}}) == embodied_pipeline()
+    config = to_typed({"algorithm": {"workflow_type": "EMBODIED"}})
+    assert load_pipeline(config) == embodied_pipeline()
     assert load_plugin("siirl.pipelines", "embodied") is embodied_pipeline
 
 

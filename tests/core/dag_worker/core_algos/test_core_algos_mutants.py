@@ -337,7 +337,7 @@ def test_vanilla_applies_tis_only_with_a_positive_cap_and_rollout_log_probs():
     plain = fn(old, new, adv, mask)[0].item()
     assert plain == -1.0
     assert fn(old, new, adv, mask, rollout_log_probs=rollout)[0].item() == plain  # no cap
-    for cap in (0, 0.0, None):
+    for cap in (0, 0.0, -1.0):
         assert fn(old, new, adv, mask, config={"tis_imp_ratio_cap": cap},
                   rollout_log_probs=rollout)[0].item() == plain
     weighted = fn(old, new, adv, mask, config={"tis_imp_ratio_cap": 1.0},
@@ -385,16 +385,16 @@ def test_kl_cov_penalises_the_one_token_of_largest_covariance_by_default():
     loss, _, kl_abs, _ = ca.get_policy_loss_fn("kl_cov")(old, new, adv, mask)
     base = (-adv * torch.exp(KL_GAPS)).sum().item()
     assert kl_abs.item() == pytest.approx(KL_GAPS.mean().item())
-    assert loss.item() == pytest.approx((base + 1.0 * 0.5) / 3)  # ppo_kl_coef 1.0, token 0
+    assert loss.item() == pytest.approx((base + 0.1 * 0.5) / 3)  # ppo_kl_coef 0.1, token 0
     two = ca.get_policy_loss_fn("kl_cov")(old, new, adv, mask,
                                          config={"policy_loss": {"kl_cov_ratio": 0.7}})[0]
-    assert two.item() == pytest.approx((base + 0.5 + 0.2) / 3)  # int(3 * 0.7) = 2 tokens
+    assert two.item() == pytest.approx((base + 0.1 * (0.5 + 0.2)) / 3)  # int(3 * 0.7) = 2
 
 
 def test_kl_cov_with_one_or_no_valid_token():
     old, new, adv, _ = _kl_cov_case()
     one = ca.get_policy_loss_fn("kl_cov")(old, new, adv, t([[1, 0, 0]]))[0]
-    assert one.item() == pytest.approx(-math.exp(0.5) + 0.5)
+    assert one.item() == pytest.approx(-math.exp(0.5) + 0.1 * 0.5)
     none = ca.get_policy_loss_fn("kl_cov")(old, new, adv, t([[0, 0, 0]]))[0]
     assert none.item() == 0.0
 

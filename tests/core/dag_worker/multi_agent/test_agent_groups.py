@@ -3,7 +3,6 @@ and MARFT's GAE across agents."""
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from siirl.dag_worker.core_algos import get_adv_estimator_fn
 from siirl.dag_worker.core_algos.advantages import compute_gae_advantage_return
@@ -12,6 +11,7 @@ from siirl.data_coordinator import protocol
 from siirl.errors import PipelineError
 from siirl.execution.dag.node import Node, NodeRole, NodeType
 from siirl.execution.dag.pipeline import Pipeline
+from siirl.params.typed import to_typed
 
 
 def _batch():
@@ -36,10 +36,21 @@ def test_view_shows_shared_and_own_fields_and_merge_prefixes_changes():
 
 
 def test_group_config_applies_node_settings_under_actor_rollout_ref():
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 4, "top_p": 1.0}}})
+    config = to_typed({"actor_rollout_ref": {"rollout": {"n": 4, "top_p": 1.0}}})
     nodes = [Node("a", NodeType.MODEL_TRAIN, NodeRole.ACTOR, config={"rollout.n": 1})]
     own = _group_config(config, nodes, 1)
     assert own.actor_rollout_ref.rollout.n == 1 and config.actor_rollout_ref.rollout.n == 4
+    # a copy along the key's path only: the other sections are the run's own objects
+    assert own.actor_rollout_ref.actor is config.actor_rollout_ref.actor
+    assert own.trainer is config.trainer
+    typed = _group_config(config, [Node("t", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
+                                        config={"rollout.n": "2", "rollout.val_kwargs":
+                                                {"n": 3}})], 1)
+    assert typed.actor_rollout_ref.rollout.n == 2  # converted to the field's type
+    assert typed.actor_rollout_ref.rollout.val_kwargs.n == 3  # a mapping merges
+    with pytest.raises(PipelineError, match="config key 'rollout.n'"):
+        _group_config(config, [Node("w", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
+                                    config={"rollout.n": "many"})], 1)
     with pytest.raises(PipelineError, match="node 'b'.*config key 'rollout.nn'"):
         _group_config(config, [Node("b", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
                                     config={"rollout.nn": 1})], 1)
@@ -54,7 +65,7 @@ def test_train_cycle_gives_each_agent_its_turn():
                        agent_options={"train_cycle": 2})
              .add_node("a1", func=lambda b, **_: None, deps=["a0"], agent_group=1,
                        agent_options={"train_cycle": 2}).build())
-    agents = AgentGroups(graph, OmegaConf.create({}), worker=None)
+    agents = AgentGroups(graph, to_typed({}), worker=None)
     a0, a1 = graph.nodes["a0"], graph.nodes["a1"]
     assert [agents.skips_training(a0, s) for s in (1, 2, 3, 4, 5)] == \
         [False, False, True, True, False]

@@ -169,10 +169,10 @@ def test_gae_gamma_one_lambda_one_is_reward_to_go_minus_value():
     torch.testing.assert_close(out["returns"], torch.tensor([[6.0, 5.0, 3.0]]))
 
 
-def test_gae_without_gamma_names_the_missing_inputs():
-    batch = make_batch({"token_level_rewards": torch.ones(1, 2), "values": torch.ones(1, 2),
+def test_gae_without_values_names_the_missing_input():
+    batch = make_batch({"token_level_rewards": torch.ones(1, 2),
                         "response_mask": torch.ones(1, 2, dtype=torch.long)})
-    with pytest.raises(PipelineError, match="gamma, lam"):
+    with pytest.raises(PipelineError, match="values"):
         _advantage_worker({"algorithm": {"adv_estimator": "gae"}}).compute_advantage(batch)
 
 

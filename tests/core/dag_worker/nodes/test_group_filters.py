@@ -131,7 +131,9 @@ class _Worker:
 
 
 def _config(**settings):
-    return {"algorithm": {"filter_groups": {"enable": True, "metric": "acc", **settings}}}
+    # one worker's step: 3 prompt groups (data.train_batch_size over one loader rank)
+    return {"algorithm": {"filter_groups": {"enable": True, "metric": "acc", **settings}},
+            "data": {"train_batch_size": 3}}
 
 
 def _prompt_batch(tag, width):

@@ -14,6 +14,7 @@ from siirl.data_coordinator.protocol import get_non_tensor, make_batch
 from siirl.errors import ConfigError, PipelineError
 from siirl.execution.dag.pipeline import Pipeline
 from siirl.execution.dag.task_loader import builtin_pipeline_name, load_pipeline
+from siirl.params.typed import to_typed
 
 REWARDS = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 2.0, -1.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
@@ -132,7 +133,7 @@ def test_scoring_without_the_greedy_rollout_before_it_says_so():
 
 
 def test_remax_selects_its_workflow_with_the_baseline_before_the_sampled_rollout():
-    config = {"algorithm": {"adv_estimator": "remax"}}
+    config = to_typed({"algorithm": {"adv_estimator": "remax"}})
     assert builtin_pipeline_name(config) == "remax"
     order = load_pipeline(config).get_execution_order()
     assert order[:4] == ["rollout_greedy_baseline", "reward_greedy_baseline", "rollout_actor",
@@ -145,4 +146,4 @@ def test_remax_selects_its_workflow_with_the_baseline_before_the_sampled_rollout
                                        {"workflow_type": "AGENTIC"}])
 def test_remax_with_another_workflow_is_refused_naming_it(algorithm):
     with pytest.raises(ConfigError, match="adv_estimator=remax"):
-        builtin_pipeline_name({"algorithm": {"adv_estimator": "remax", **algorithm}})
+        builtin_pipeline_name(to_typed({"algorithm": {"adv_estimator": "remax", **algorithm}}))

@@ -9,6 +9,7 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.dag_worker.walk.console import ConsoleLogger, Progress, format_line, step_keys
 from siirl.dag_worker.walk.trainer_loop import Trainer
 from siirl.execution.dag.pipeline import Pipeline
+from siirl.params.typed import to_typed
 
 GRPO_STEP = {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "actor/kl_loss": 0.0,
              "actor/reward_kl_penalty": 0.0, "actor/entropy": 0.4, "actor/grad_norm": 2.0,
@@ -30,8 +31,8 @@ def _line(metrics, config=None, step=1):
 
 
 def _kl_config(loss=False, reward=False):
-    return {"actor_rollout_ref": {"actor": {"use_kl_loss": loss}},
-            "algorithm": {"use_kl_in_reward": reward}}
+    return to_typed({"actor_rollout_ref": {"actor": {"use_kl_loss": loss}},
+                     "algorithm": {"use_kl_in_reward": reward}})
 
 
 def test_one_whole_line_per_step_without_kl_when_kl_is_off():
@@ -69,7 +70,7 @@ def test_validation_line_and_non_finite_values():
     assert _line({"val/score/mean": 0.75, "timing_s/validation": 0.1}, step=0) == \
         "step 0: val/score/mean=0.75  timing_s/validation=0.1\n"
     assert "throughput" not in _line({**GRPO_STEP, "perf/throughput": float("nan")})
-    assert format_line(2, {"my/metric": 1.5}, step_keys(None)) == "step 2: my/metric=1.5"
+    assert format_line(2, {"my/metric": 1.5}, step_keys(to_typed(None))) == "step 2: my/metric=1.5"
 
 
 AGENTIC_STEP = {"env/success_rate": 0.25, "env/score/mean": 1.5, "env/Sok/success_rate": 0.25,
@@ -104,11 +105,11 @@ def test_validation_leads_with_the_success_rate_where_episodes_report_one():
 def test_the_user_nodes_metrics_follow_the_built_in_ones():
     custom = {"my_filter/kept", "critic/score/mean"}
     metrics = {**GRPO_STEP, "my_filter/kept": 0.75, "ref/skipped": 1.0}
-    line = format_line(1, metrics, step_keys(None), custom)
+    line = format_line(1, metrics, step_keys(to_typed(None)), custom)
     assert line.endswith("timing_s/step=0.3  my_filter/kept=0.75")
     assert line.count("critic/score/mean") == 1 and "ref/skipped" not in line
     many = {f"mine/m{i}": float(i) for i in range(12)}
-    assert format_line(1, many, step_keys(None), set(many)).count("mine/") == 8
+    assert format_line(1, many, step_keys(to_typed(None)), set(many)).count("mine/") == 8
 
 
 def _custom_filter(batch, config=None):

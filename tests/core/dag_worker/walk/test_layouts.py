@@ -1,16 +1,16 @@
 """Node layouts: which rows each worker holds at each node of the built-in pipelines."""
 
 import pytest
-from omegaconf import OmegaConf
 
 from siirl.dag_worker.walk.layouts import entry_layout, node_layouts
 from siirl.data_coordinator.data_buffer import Layout
 from siirl.errors import ConfigError
 from siirl.execution.dag.builtin_pipelines import grpo_pipeline
+from siirl.params.typed import to_typed
 
 
 def _config(tp):
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": tp}}})
+    return to_typed({"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": tp}}})
 
 
 def test_default_layout_is_data_parallel_everywhere():

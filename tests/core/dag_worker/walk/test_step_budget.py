@@ -9,11 +9,12 @@ from siirl.dag_worker.walk.step_budget import StepBudget
 from siirl.dag_worker.walk.trainer_loop import Trainer
 from siirl.errors import ConfigError
 from siirl.execution.dag.pipeline import Pipeline
+from siirl.params.typed import to_typed
 
 
 def _budget(epochs=8, explicit=None, per_epoch=62):
     config = {"trainer": {"total_epochs": epochs, "total_training_steps": explicit}}
-    return StepBudget.of(config, per_epoch)
+    return StepBudget.of(to_typed(config), per_epoch)
 
 
 def test_steps_are_the_smaller_of_the_epochs_and_total_training_steps():

@@ -7,6 +7,7 @@ import pytest
 
 from siirl.dag_worker.walk.step_health import SKIPPED, StepHealth
 from siirl.errors import SiirlError
+from siirl.params.typed import to_typed
 
 
 class Stop(SiirlError):
@@ -21,7 +22,7 @@ class FakeReward:
 def health(max_failed_steps=3, engine=None):
     stream = io.StringIO()
     config = {"reward_model": {"max_failed_steps": max_failed_steps}}
-    return StepHealth(config, lambda: engine, stream=stream), stream
+    return StepHealth(to_typed(config), lambda: engine, stream=stream), stream
 
 
 def test_skipped_updates_are_counted_per_step_and_explained_once():

@@ -3,15 +3,15 @@
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 from siirl.dag_worker.walk.tracking import build_tracking
 from siirl.errors import ConfigError
+from siirl.params.typed import to_typed
 
 
 def _config(tmp_path, loggers):
-    return OmegaConf.create({"trainer": {"logger": loggers, "default_local_dir": str(tmp_path),
-                                         "project_name": "p", "experiment_name": "e"}})
+    return to_typed({"trainer": {"logger": loggers, "default_local_dir": str(tmp_path),
+                                 "project_name": "p", "experiment_name": "e"}})
 
 
 def test_jsonl_and_console(tmp_path, capsys):

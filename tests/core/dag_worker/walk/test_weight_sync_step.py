@@ -54,14 +54,13 @@ def test_a_rollout_without_the_policy_weights_is_synced_first():
 
 
 def test_bucket_size_comes_from_the_rollout_config():
-    from omegaconf import OmegaConf
+    from siirl.dag_worker.walk.weight_sync import bucket_bytes_of
+    from siirl.params.typed import to_typed
 
-    from siirl.dag_worker.walk.weight_sync import BUCKET_BYTES, bucket_bytes_of
-
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+    config = to_typed({"actor_rollout_ref": {"rollout": {
         "update_weights_bucket_megabytes": 8}}})
     assert bucket_bytes_of(config) == 8 << 20
-    assert bucket_bytes_of(OmegaConf.create({})) == BUCKET_BYTES
+    assert bucket_bytes_of(to_typed({})) == 512 << 20  # the schema's default
 
 
 def test_a_model_update_frequency_syncs_every_nth_update_only():

@@ -11,6 +11,7 @@ from siirl.data_coordinator.protocol import make_batch
 from siirl.errors import PluginNotFoundError
 from siirl.execution.dag import builtin_pipelines as bp
 from siirl.execution.dag.pipeline import Pipeline
+from siirl.params.typed import to_typed
 
 ROLLOUT_CONFIG = {"actor_rollout_ref": {"rollout": {"name": "fake"}}}
 
@@ -83,11 +84,11 @@ def test_init_engines_on_compute_only_graph_needs_nothing(no_entry_points):
 
 def test_get_builds_registered_engine_once(fake_rollout):
     worker = DAGWorker(bp.grpo_pipeline(), config=ROLLOUT_CONFIG)
-    engines = WorkerEngines(ROLLOUT_CONFIG, worker=worker)
+    engines = WorkerEngines(worker.config, worker=worker)
     assert "rollout" not in engines
     engine = engines.get("rollout")
     assert isinstance(engine, FakeRollout)
-    assert engine.role == "rollout" and engine.config is ROLLOUT_CONFIG
+    assert engine.role == "rollout" and engine.config is worker.config
     assert engine.worker is worker
     assert engines.get("rollout") is engine
     assert len(fake_rollout) == 1 and "rollout" in engines
@@ -112,7 +113,7 @@ def test_factory_without_generate_is_rejected():
 
     plugins.register("siirl.rollouts", "fake")(bad_factory)
     try:
-        engines = WorkerEngines(ROLLOUT_CONFIG, worker=None)
+        engines = WorkerEngines(to_typed(ROLLOUT_CONFIG), worker=None)
         with pytest.raises(PluginNotFoundError) as info:
             engines.get("rollout")
         msg = str(info.value)
@@ -123,24 +124,25 @@ def test_factory_without_generate_is_rejected():
 
 
 def test_set_installs_an_engine_directly():
-    engines = WorkerEngines(None, worker=None)
+    engines = WorkerEngines(to_typed(None), worker=None)
     engine = FakeRollout("rollout", None, None)
     engines.set("rollout", engine)
     assert engines.get("rollout") is engine
 
 
 @pytest.mark.parametrize("config,role,expected", [
-    ({"actor_rollout_ref": {"actor": {"strategy": "fsdp"}}}, "reference",
-     ("siirl.engines", "fsdp", "actor_rollout_ref.actor.strategy")),
+    # the reference follows the actor through the schema's interpolation
+    ({"actor_rollout_ref": {"actor": {"strategy": "megatron"}}}, "reference",
+     ("siirl.engines", "megatron", "actor_rollout_ref.ref.strategy")),
     ({"actor_rollout_ref": {"actor": {"strategy": "fsdp"}, "ref": {"strategy": "megatron"}}},
      "reference", ("siirl.engines", "megatron", "actor_rollout_ref.ref.strategy")),
-    ({"actor_rollout_ref": {"actor": {"strategy": "fsdp"}}}, "critic",
-     ("siirl.engines", "fsdp", "actor_rollout_ref.actor.strategy")),
+    ({"actor_rollout_ref": {"actor": {"strategy": "megatron"}}, "critic": {"strategy": ""}},
+     "critic", ("siirl.engines", "megatron", "actor_rollout_ref.actor.strategy")),
     ({"reward_model": {"reward_manager": "naive"}}, "reward",
      ("siirl.reward_managers", "naive", "reward_model.reward_manager")),
 ])
 def test_plugin_name_and_fallbacks(config, role, expected):
-    assert WorkerEngines(config, worker=None).plugin_name(role) == expected
+    assert WorkerEngines(to_typed(config), worker=None).plugin_name(role) == expected
 
 
 class FakeActor:
@@ -166,7 +168,7 @@ def test_a_rollout_gets_the_peer_it_declares_without_an_actor_node():
     plugins.register("siirl.rollouts", "peer")(PeerRollout)
     plugins.register("siirl.engines", "fake")(lambda role, config, worker: FakeActor())
     try:
-        engines = WorkerEngines(config, worker=None)
+        engines = WorkerEngines(to_typed(config), worker=None)
         engines.build(["rollout"])
         assert isinstance(engines.rollout.actor, FakeActor)
         assert engines.tokenizer() == FakeActor.tokenizer  # the dataloader's tokenizer
@@ -176,6 +178,6 @@ def test_a_rollout_gets_the_peer_it_declares_without_an_actor_node():
 
 
 def test_no_engine_with_a_tokenizer_gives_none(fake_rollout):
-    engines = WorkerEngines(ROLLOUT_CONFIG, worker=None)
+    engines = WorkerEngines(to_typed(ROLLOUT_CONFIG), worker=None)
     engines.build(["rollout"])
     assert engines.tokenizer() is None

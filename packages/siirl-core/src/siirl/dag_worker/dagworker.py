@@ -45,6 +45,7 @@ from siirl.data_coordinator.fields import (
 from siirl.errors import PipelineError
 from siirl.execution.dag.planner import plan_graph
 from siirl.execution.dag.task_graph import TaskGraph
+from siirl.params.typed import to_typed
 
 
 class DAGWorker:
@@ -56,10 +57,12 @@ class DAGWorker:
         """``rank``/``world_size``: this worker's data-parallel rank and size among the
         workers running the same graph; ``comm`` (a ``collective.WorkerComm``) spans every
         worker of the job; ``process_groups`` (a ``ProcessGroupManager``) gives each role
-        its torch.distributed group. Both are None for a single worker."""
+        its torch.distributed group. Both are None for a single worker. ``config``: the
+        launcher's ``SiiRLArguments`` (a dict or DictConfig, e.g. a test's, is typed here)."""
         from siirl.dag_worker.walk.collective import WorkerComm
 
         taskgraph.validate_graph()
+        config = to_typed(config)
         # it walks what the planner planned (a graph the launcher planned is kept)
         taskgraph = plan_graph(taskgraph, config, world_size)
         self.taskgraph = taskgraph

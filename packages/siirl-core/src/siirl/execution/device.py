@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
+from siirl.params import SiiRLArguments
 
 DEVICES = ("auto", "cuda", "cpu")
 
 
-def device_kind(config: Any) -> str:
+def device_kind(config: SiiRLArguments) -> str:
     """"cuda" or "cpu": ``auto`` means CUDA when this process sees a GPU."""
-    name = str(select(config, "trainer.device", "auto") or "auto").lower()
+    name = str(config.trainer.device).lower()
     if name not in DEVICES:
         raise ConfigError(f"trainer.device={name!r} is not supported; choose one of "
                           f"{', '.join(DEVICES)}")
@@ -23,7 +23,7 @@ def device_kind(config: Any) -> str:
     return name
 
 
-def resolve_device(config: Any) -> Any:
+def resolve_device(config: SiiRLArguments) -> Any:
     """The torch.device this worker's engines use (a Ray GPU worker sees one GPU, cuda:0)."""
     import torch
 

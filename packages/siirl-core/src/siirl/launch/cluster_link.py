@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from siirl.execution.config_select import select
+from siirl.params import SiiRLArguments
 
 WATCH_EVERY_S = 2.0
 # refused connections in a row before the cluster counts as gone (a GCS restarted by Ray's
@@ -130,9 +130,9 @@ class ClusterLink:
                 "newest checkpoint in its trainer.default_local_dir)")
 
 
-def choose(config: Any) -> ClusterLink:
+def choose(config: SiiRLArguments) -> ClusterLink:
     """The cluster ``trainer.ray_address`` (or the environment) names; see the docstring."""
-    address = select(config, "trainer.ray_address")
+    address = config.trainer.ray_address
     if address == "local":
         return ClusterLink(None, LOCAL_OVERRIDE)
     if address and address != "auto":

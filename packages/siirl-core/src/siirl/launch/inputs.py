@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable, List
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
+from siirl.params import SiiRLArguments
 
-FILE_KEYS = ("data.train_files", "data.val_files", "custom_reward_function.path")
 MODEL_KEY = "actor_rollout_ref.model.path"
 MANAGER_FILE_KEY = "reward_manager.module.path"  # read with reward_manager.source=importlib
 
@@ -36,31 +35,34 @@ def _is_local(model: str) -> bool:
     return model.startswith(("/", "~", ".", "$")) or model.endswith(".gguf")
 
 
-def _reward_manager_file(config: Any) -> str:
+def _reward_manager_file(config: SiiRLArguments) -> str:
     """The file a reward manager class is loaded from ('' for none, or a pkg:// module)."""
-    path = str(select(config, MANAGER_FILE_KEY) or "")
-    if select(config, "reward_manager.source") != "importlib" or path.startswith("pkg://"):
+    path = config.reward_manager.module.path or ""
+    if config.reward_manager.source != "importlib" or path.startswith("pkg://"):
         return ""
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-def missing_inputs(config: Any) -> List[str]:
+def missing_inputs(config: SiiRLArguments) -> List[str]:
     """``key=path`` for every named input file or model directory that does not exist."""
-    missing = [f"{key}={path}" for key in FILE_KEYS for path in _paths(select(config, key))
+    named = {"data.train_files": config.data.train_files,
+             "data.val_files": config.data.val_files,
+             "custom_reward_function.path": config.custom_reward_function.path}
+    missing = [f"{key}={path}" for key, value in named.items() for path in _paths(value)
                if not Path(path).expanduser().is_file()]
     manager_file = _reward_manager_file(config)
     if manager_file and not Path(manager_file).expanduser().is_file():
         missing.append(f"{MANAGER_FILE_KEY}={manager_file}")
-    model = select(config, MODEL_KEY)
+    model = config.actor_rollout_ref.model.path
     if model is not None and _is_local(str(model)) and \
             not Path(os.path.expandvars(str(model))).expanduser().exists():
         missing.append(f"{MODEL_KEY}={model}")
     return missing
 
 
-def check_inputs(config: Any) -> None:
+def check_inputs(config: SiiRLArguments) -> None:
     """Raise ``ConfigError`` naming each missing input (single-node jobs only)."""
-    if int(select(config, "trainer.nnodes", 1)) > 1:
+    if config.trainer.nnodes > 1:
         return
     missing = missing_inputs(config)
     if missing:

@@ -10,22 +10,27 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
+from siirl.params import SiiRLArguments
 
 
 def run(config: Any, print_dag: bool = False) -> Optional[list]:
-    """Run the job (or only print its workflow and per-worker plan); rank 0's metric history."""
+    """Run the job (or only print its workflow and per-worker plan); rank 0's metric history.
+    ``config`` (the composed DictConfig, or a dict) is typed here, once: everything the
+    job starts reads that ``SiiRLArguments``."""
     from siirl.dag_worker.checkpoint.storage import check_output_dir
-    from siirl.execution.config_select import select
     from siirl.execution.dag.planner import plan_graph
     from siirl.execution.dag.task_loader import load_pipeline
     from siirl.execution.scheduler.launch import num_workers
     from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
     from siirl.launch.inputs import check_inputs
+    from siirl.params.typed import to_typed
+
+    config = to_typed(config)
 
     if not print_dag:
         check_inputs(config)  # a missing dataset or model stops the job before anything loads
-        if int(select(config, "trainer.nnodes", 1)) == 1:  # elsewhere: the workers' folder
-            check_output_dir(select(config, "trainer.default_local_dir", "."))
+        if config.trainer.nnodes == 1:  # elsewhere: the workers' folder
+            check_output_dir(config.trainer.default_local_dir)
     # the planner decides what of the workflow runs (what --print-dag shows is what runs)
     graph = plan_graph(load_pipeline(config), config, num_workers(config))
     plan = TaskScheduler(num_workers(config)).schedule(graph)
@@ -36,7 +41,7 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
     return start_workers(config, plan)
 
 
-def start_workers(config: Any, plan: List[WorkerAssignment]) -> list:
+def start_workers(config: SiiRLArguments, plan: List[WorkerAssignment]) -> list:
     if len(plan) > 1:  # the driver of Ray workers never imports torch (seconds)
         from siirl.launch.ray_launcher import launch_ray
 

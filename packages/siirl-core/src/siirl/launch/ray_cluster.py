@@ -29,10 +29,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.launch.cluster_link import (
     LOCAL_OVERRIDE,
     ClusterLink,
@@ -40,6 +39,7 @@ from siirl.launch.cluster_link import (
     choose,
     host_port,
 )
+from siirl.params import SiiRLArguments
 
 PLACEMENT_TIMEOUT_S = 120
 
@@ -140,7 +140,7 @@ def pin_node_ip(node_ip: str | None) -> dict:
     return {"_node_ip_address": node_ip}
 
 
-def start_ray(config: Any, num_workers: int) -> ClusterLink:
+def start_ray(config: SiiRLArguments, num_workers: int) -> ClusterLink:
     """Join or start Ray (which: ``cluster_link.choose``); the link says which cluster and
     whether this call started it (then it is ours to stop)."""
     import ray
@@ -150,12 +150,12 @@ def start_ray(config: Any, num_workers: int) -> ClusterLink:
         link.address, link.source, link.key = None, "this process's own Ray session", None
         link.gcs = ray.get_runtime_context().gcs_address
         return link
-    node_ip = select(config, "trainer.ray_node_ip")
+    node_ip = config.trainer.ray_node_ip
     node = pin_node_ip(node_ip)
     # Ray's "Started a local Ray instance" / "Connected to Ray cluster": the link says it
     node["logging_level"] = logging.WARNING
     if link.address:
-        timeout_s = float(select(config, "trainer.ray_connect_timeout_s", 30.0))
+        timeout_s = config.trainer.ray_connect_timeout_s
         if link.recorded:
             check_recorded(link)
         else:
@@ -168,7 +168,7 @@ def start_ray(config: Any, num_workers: int) -> ClusterLink:
                 raise ConfigError(link.unreachable(str(exc).splitlines()[0])) from None
         link.gcs = ray.get_runtime_context().gcs_address
         return link
-    temp_dir = select(config, "trainer.ray_temp_dir") or tempfile.mkdtemp(prefix="ray")
+    temp_dir = config.trainer.ray_temp_dir or tempfile.mkdtemp(prefix="ray")
     kwargs = {"include_dashboard": False, "_temp_dir": str(temp_dir),
               "object_store_memory": 256 * 1024 ** 2,  # batches never go through it
               "log_to_driver": True, **node}
@@ -247,12 +247,12 @@ def describe_nodes() -> str:
                      for n in ray.nodes() if n.get("Alive"))
 
 
-def placement_groups(config: Any, num_workers: int, on_gpu: bool) -> list:
+def placement_groups(config: SiiRLArguments, num_workers: int, on_gpu: bool) -> list:
     """``trainer.nnodes`` ready placement groups of ``num_workers / nnodes`` bundles."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    nodes = int(select(config, "trainer.nnodes", 1))
+    nodes = config.trainer.nnodes
     per_node = num_workers // nodes
     bundle = {"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1}
     if nodes == 1:

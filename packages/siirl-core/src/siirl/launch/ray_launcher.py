@@ -25,12 +25,12 @@ from typing import Any, List, Optional
 
 from siirl.dag_worker.walk import startup
 from siirl.errors import SiirlError, WorkerFailedError
-from siirl.execution.config_select import select
 from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 from siirl.launch import signals
 from siirl.launch.cluster_link import ClusterWatch
 from siirl.launch.heartbeat import CHECK_S, describe
 from siirl.launch.ray_cluster import colourless_worker_logs, placement_groups, start_ray
+from siirl.params import SiiRLArguments
 
 LOG_FLUSH_S = 1.0
 FAILURE_SETTLE_S = 3.0  # a dead worker's peers may fail first: wait for its death too
@@ -62,9 +62,9 @@ def _failure(exc: Exception, info: dict) -> SiirlError:
     return WorkerFailedError(f"{where}: {exc}", info["rank"])
 
 
-def _record_workers(config: Any, infos: List[dict]) -> None:
+def _record_workers(config: SiiRLArguments, infos: List[dict]) -> None:
     """``<default_local_dir>/workers.json``: who runs where (for operators and tests)."""
-    directory = Path(str(select(config, "trainer.default_local_dir", ".")))
+    directory = Path(config.trainer.default_local_dir)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "workers.json").write_text(json.dumps(
         [{k: info[k] for k in ("rank", "pid", "node_ip", "node_id", "host")}
@@ -120,7 +120,7 @@ def _wait(pending: dict, infos: List[dict], monitor: Any, heartbeat_timeout_s: f
     return history
 
 
-def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
+def launch_ray(config: SiiRLArguments, plan: List[WorkerAssignment]) -> Optional[list]:
     import ray
 
     from siirl.execution.device import device_kind
@@ -129,12 +129,12 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
 
     started_at = startup.process_started()
     num_workers = len(plan)
-    device = str(select(config, "trainer.device", "auto") or "auto").lower()
+    device = config.trainer.device.lower()
     if device not in ("auto", "cpu"):
         device_kind(config)  # validates the name
     colourless_worker_logs()
     link = start_ray(config, num_workers)
-    link.announce(select(config, "trainer.ray_temp_dir") if link.started else None)
+    link.announce(config.trainer.ray_temp_dir if link.started else None)
     signals.reinstall()
     actors, groups = [], []
     watch = ClusterWatch(link).start()  # a lost cluster ends the command within seconds
@@ -167,7 +167,7 @@ def launch_ray(config: Any, plan: List[WorkerAssignment]) -> Optional[list]:
                    for rank, actor in enumerate(actors[:num_workers])}
         startup.settle()  # this process only waits from here on
         return _wait(pending, infos, monitor,
-                     float(select(config, "trainer.heartbeat_timeout_s", 120.0)))
+                     config.trainer.heartbeat_timeout_s)
     except Exception:
         if watch.gone():  # the workers failed because the cluster went away: say that
             watch.end_local_workers()

@@ -11,13 +11,13 @@ import os
 from typing import Any, List, Optional, Sequence
 
 from siirl.dag_worker.walk import startup
-from siirl.execution.config_select import select
+from siirl.params import SiiRLArguments
 
 
 class WorkerProcess:
     """One DAGWorker process; ``rank`` is its global rank in the job."""
 
-    def __init__(self, rank: int, world_size: int, config: Any):
+    def __init__(self, rank: int, world_size: int, config: SiiRLArguments):
         startup.relax()  # this process is ours: its imports come next (see startup)
         # set here, not as a Ray runtime_env: an actor with its own runtime_env cannot
         # take one of the worker processes Ray has already started, and waits for a new one
@@ -85,7 +85,7 @@ class WorkerProcess:
 
             torch.cuda.set_device(0)  # Ray shows each GPU worker exactly its own GPU
         backend = backend_for(kind)
-        timeout = float(select(self.config, "trainer.dist_timeout_s", 600))
+        timeout = float(self.config.trainer.dist_timeout_s)
         init_distributed(self.rank, self.world_size, master_addr, master_port, backend,
                          timeout)
         groups = ProcessGroupManager(self.rank, group_ranks, sorted(roles_needed(graph)),

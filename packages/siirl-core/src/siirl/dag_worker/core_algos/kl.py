@@ -40,7 +40,8 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
 )
 from siirl.errors import ConfigError, DataError
-from siirl.execution.config_select import select
+from siirl.params import KLCtrlArguments
+from siirl.params.typed import to_section
 
 # ---- estimators (named in core_algos.names) ------------------------------------------
 
@@ -146,19 +147,20 @@ class AdaptiveKLController:
 
 # the controllers by algorithm.kl_ctrl.type (named in core_algos.names)
 def fixed_controller(kl_ctrl_config: Any) -> FixedKLController:
-    return FixedKLController(kl_coef=select(kl_ctrl_config, "kl_coef", 0.001))
+    return FixedKLController(kl_coef=kl_ctrl_config.kl_coef)
 
 
 def adaptive_controller(kl_ctrl_config: Any) -> AdaptiveKLController:
-    return AdaptiveKLController(init_kl_coef=select(kl_ctrl_config, "kl_coef", 0.001),
-                                target_kl=select(kl_ctrl_config, "target_kl", 0.1),
-                                horizon=select(kl_ctrl_config, "horizon", 10000))
+    return AdaptiveKLController(init_kl_coef=kl_ctrl_config.kl_coef,
+                                target_kl=kl_ctrl_config.target_kl,
+                                horizon=kl_ctrl_config.horizon)
 
 
 def get_kl_controller(kl_ctrl_config: Any):
     """The controller ``algorithm.kl_ctrl`` describes (type fixed|adaptive, kl_coef,
     target_kl, horizon; defaults as in the config schema)."""
-    return _KL_CONTROLLERS.get(select(kl_ctrl_config, "type", "fixed"))(kl_ctrl_config)
+    kl_ctrl_config = to_section(KLCtrlArguments, kl_ctrl_config)  # typed in a run
+    return _KL_CONTROLLERS.get(kl_ctrl_config.type)(kl_ctrl_config)
 
 
 def registered_kl_controllers() -> list:

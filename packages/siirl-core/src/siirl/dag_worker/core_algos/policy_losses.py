@@ -3,8 +3,9 @@ with the aggregation ``actor.loss_agg_mode`` names (``loss_aggregation``).
 
 Policy losses share the signature ``fn(old_log_prob, log_prob, advantages,
 response_mask, loss_agg_mode, config) -> (pg_loss, pg_clipfrac, ppo_kl,
-pg_clipfrac_lower)``; ``config`` is the actor config (None, dict, dataclass or
-DictConfig) with clip_ratio, clip_ratio_low/high, clip_ratio_c and policy_loss.*.
+pg_clipfrac_lower)``; ``config`` is the actor config (``ActorArguments``; None means its
+defaults, a dict or DictConfig is typed first) with clip_ratio_low/high, clip_ratio_c and
+policy_loss.*.
 With r = exp(log_prob - old_log_prob), A the advantage, eps_l/eps_h the clip ratios:
 
 - ``vanilla``: max(-A r, -A clip(r, 1-eps_l, 1+eps_h)), and for A < 0 at most
@@ -39,7 +40,8 @@ from siirl.dag_worker.core_algos.common import masked_mean, nonempty_rows
 from siirl.dag_worker.core_algos.loss_aggregation import agg_loss
 from siirl.dag_worker.core_algos.names import POLICY_LOSSES as _POLICY_LOSSES
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
+from siirl.params import ActorArguments
+from siirl.params.typed import to_section
 
 # ---- policy losses -------------------------------------------------------------------
 
@@ -57,15 +59,25 @@ def registered_policy_losses() -> list:
     return _POLICY_LOSSES.names()
 
 
+def _actor(config: Any) -> ActorArguments:
+    """The actor settings a loss reads (the engine hands them typed). A dict or DictConfig
+    that sets clip_ratio but not clip_ratio_low/high clips at clip_ratio on both sides."""
+    if isinstance(config, ActorArguments):
+        return config
+    if config is not None and "clip_ratio" in config:
+        config = {"clip_ratio_low": config["clip_ratio"],
+                  "clip_ratio_high": config["clip_ratio"], **config}
+    return to_section(ActorArguments, config)
+
+
 def _clip_ratios(config: Any) -> Tuple[float, float]:
-    """(clip_ratio_low, clip_ratio_high), each defaulting to clip_ratio (default 0.2)."""
-    clip_ratio = select(config, "clip_ratio", 0.2)
-    return select(config, "clip_ratio_low", clip_ratio), select(config, "clip_ratio_high",
-                                                                clip_ratio)
+    """(clip_ratio_low, clip_ratio_high)."""
+    actor = _actor(config)
+    return actor.clip_ratio_low, actor.clip_ratio_high
 
 
 def _dual_clip_c(config: Any) -> float:
-    clip_ratio_c = select(config, "clip_ratio_c", 3.0)
+    clip_ratio_c = _actor(config).clip_ratio_c
     if not clip_ratio_c > 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c must be > 1.0 for dual-clip "
                           f"PPO, got {clip_ratio_c}")
@@ -115,7 +127,7 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
     pg_clipfrac_lower = masked_mean(torch.gt(clip_losses, losses_dual).to(mask.dtype) * negative,
                                     mask)
     pg_losses = torch.where(advantages < 0, dual_clip_losses, clip_losses)
-    cap = float(select(config, "tis_imp_ratio_cap", -1.0) or -1.0)
+    cap = float(_actor(config).tis_imp_ratio_cap or -1.0)
     if rollout_log_probs is not None and cap > 0:
         pg_losses = pg_losses * tis_weights(old_log_prob, rollout_log_probs, cap)
     pg_loss = agg_loss(pg_losses, mask, loss_agg_mode)
@@ -204,9 +216,9 @@ def compute_policy_loss_clip_cov(old_log_prob: torch.Tensor, log_prob: torch.Ten
     (``torch.randperm`` on the global RNG) when there are more. pg_clipfrac is the share of
     detached tokens; pg_clipfrac_lower is 0. No log-ratio clamp and no dual clip.
     """
-    clip_cov_ratio = select(config, "policy_loss.clip_cov_ratio", 0.0002)
-    clip_cov_lb = select(config, "policy_loss.clip_cov_lb", 1.0)
-    clip_cov_ub = select(config, "policy_loss.clip_cov_ub", 5.0)
+    policy = _actor(config).policy_loss
+    clip_cov_ratio, clip_cov_lb = policy.clip_cov_ratio, policy.clip_cov_lb
+    clip_cov_ub = policy.clip_cov_ub
     if not clip_cov_ratio > 0:
         raise ConfigError(f"actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, "
                           f"got {clip_cov_ratio}")
@@ -242,13 +254,13 @@ def compute_policy_loss_kl_cov(old_log_prob: torch.Tensor, log_prob: torch.Tenso
     """KL-Cov (verl's definition; see module doc).
 
     Reads policy_loss.kl_cov_ratio (default 0.0002) and policy_loss.ppo_kl_coef (default
-    1.0 when unset, as verl's code; the config schema's default is 0.1). The
+    0.1, the schema's: what a configured run always read). The
     max(int(ratio * #tokens), 1) valid tokens with the largest centred covariance
     (A - mean A)(log_prob - mean log_prob), means over valid tokens, get the extra
     ppo_kl_coef * |log_prob - old_log_prob| term. Returns (loss, 0, mean |log r|, 0).
     """
-    kl_cov_ratio = select(config, "policy_loss.kl_cov_ratio", 0.0002)
-    ppo_kl_coef = select(config, "policy_loss.ppo_kl_coef", 1.0)
+    policy = _actor(config).policy_loss
+    kl_cov_ratio, ppo_kl_coef = policy.kl_cov_ratio, policy.ppo_kl_coef
     if not kl_cov_ratio > 0:
         raise ConfigError(f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio must be > 0, "
                           f"got {kl_cov_ratio}")

@@ -25,7 +25,6 @@ from siirl.data_coordinator.fields import (
     VALUES,
 )
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 
 
 def _field(batch: Any, group: int, name: str) -> Any:
@@ -70,10 +69,10 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any,
 
     agents = worker.agents
     groups = list(agents.ids)
-    if select(config, "algorithm.use_kl_in_reward", False):
+    if config.algorithm.use_kl_in_reward:
         raise ConfigError("algorithm.use_kl_in_reward is not supported in multi-agent "
                           "workflows; use actor_rollout_ref.actor.use_kl_loss=true")
-    name = str(select(config, "algorithm.adv_estimator", "grpo"))
+    name = config.algorithm.adv_estimator
     metrics: Dict[str, Any] = {}
     batch = batch.clone(recurse=False)
     reduction = reduction_for(worker, node)
@@ -88,8 +87,7 @@ def compute_agents_advantage(worker: Any, batch: Any, config: Any,
         advantages, returns = estimator(
             [rewards[g] for g in groups], [_field(batch, g, VALUES) for g in groups],
             [_field(batch, g, RESPONSE_MASK) for g in groups],
-            float(select(config, "algorithm.gamma", 1.0)),
-            float(select(config, "algorithm.lam", 1.0)), reduction)
+            float(config.algorithm.gamma), float(config.algorithm.lam), reduction)
         for g, adv, ret in zip(groups, advantages, returns, strict=True):
             batch.set(prefix(g) + ADVANTAGES, adv)
             batch.set(prefix(g) + RETURNS, ret)

@@ -1,9 +1,10 @@
 """Agent groups: the agents of a multi-agent workflow (siiRL's MARFT files), each with its
 own engines, its own settings, and its own fields in the step's batch.
 
-A node's ``agent_group`` says whose engines it uses. Every group gets a copy of the run's
+A node's ``agent_group`` says whose engines it uses. Every group gets the run's typed
 configuration with the ``config:`` blocks of its nodes applied under ``actor_rollout_ref``
-(``rollout.n: 1`` sets ``actor_rollout_ref.rollout.n`` for that agent only), and its own
+(``rollout.n: 1`` sets ``actor_rollout_ref.rollout.n`` for that agent only: a
+``dataclasses.replace`` along the key's path, the other sections shared), and its own
 ``WorkerEngines``; ``agent_options.share_instance: k`` on a node makes that role's engine
 group k's (e.g. one critic for both agents).
 
@@ -18,8 +19,9 @@ A workflow with one agent group is run exactly as before: no views, no prefixes.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional
 
 from siirl.errors import PipelineError
@@ -44,10 +46,35 @@ def group_ids(graph: TaskGraph) -> List[int]:
     return sorted({node.agent_group for node in graph.nodes.values()})
 
 
-def _group_config(config: Any, nodes: Iterable[Node], group: int) -> Any:
-    """The run's configuration with group ``group``'s node settings applied."""
-    from omegaconf import OmegaConf
+def _replaced(section: Any, path: List[str], value: Any) -> Any:
+    """``section`` (a dataclass, or a free-form dict) with the setting at ``path`` set to
+    ``value``; ``value`` is checked and converted against its field's type as the parser
+    does, and a mapping given for a section merges into it."""
+    head, rest = path[0], path[1:]
+    if isinstance(section, Mapping):  # a free-form dict: only keys it has
+        if head not in section:
+            raise KeyError(head)
+        return {**section, head: _replaced(section[head], rest, value) if rest else value}
+    if not dataclasses.is_dataclass(section) or \
+            head not in {f.name for f in dataclasses.fields(section)}:
+        raise KeyError(head)
+    current = getattr(section, head)
+    if rest:
+        return dataclasses.replace(section, **{head: _replaced(current, rest, value)})
+    if isinstance(value, Mapping) and dataclasses.is_dataclass(current):
+        for key, item in value.items():
+            current = _replaced(current, [key], item)
+        return dataclasses.replace(section, **{head: current})
+    from omegaconf import OmegaConf  # the field's type check and conversion
 
+    checked = OmegaConf.structured(section)
+    OmegaConf.update(checked, head, value, merge=True)
+    return dataclasses.replace(section, **{head: getattr(OmegaConf.to_object(checked), head)})
+
+
+def _group_config(config: Any, nodes: Iterable[Node], group: int) -> Any:
+    """The run's configuration (``SiiRLArguments``) with group ``group``'s node settings
+    applied."""
     settings: Dict[str, tuple] = {}
     for node in nodes:
         for key, value in (node.config or {}).items():
@@ -60,18 +87,16 @@ def _group_config(config: Any, nodes: Iterable[Node], group: int) -> Any:
             settings[key] = (value, node.node_id)
     if not settings:
         return config
-    merged = copy.deepcopy(config)
+    section = config.actor_rollout_ref
     for key, (value, node_id) in settings.items():
         full = f"actor_rollout_ref.{key}"
         try:
-            if OmegaConf.select(merged, full, default=KeyError) is KeyError:
-                raise KeyError(full)
-            OmegaConf.update(merged, full, value, merge=True)
+            section = _replaced(section, key.split("."), value)
         except Exception as exc:  # unknown key, wrong type: name the node and the key
             raise PipelineError(
                 f"node '{node_id}' (agent group {group}): config key '{key}' "
                 f"({full}={value!r}) is not a valid setting: {exc}") from exc
-    return merged
+    return dataclasses.replace(config, actor_rollout_ref=section)
 
 
 class AgentGroups:

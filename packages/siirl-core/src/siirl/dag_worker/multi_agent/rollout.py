@@ -50,7 +50,6 @@ from siirl.data_coordinator.fields import (
     UID,
 )
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole
 from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
@@ -62,7 +61,7 @@ _WARNED: set = set()
 
 def rewards_with_env(config: Any, graph: Any) -> bool:
     """``rollout.agent.rewards_with_env`` (siiRL's key) or any node's agent option."""
-    return bool(select(config, f"{ROLLOUT}.agent.rewards_with_env", False)) or any(
+    return config.actor_rollout_ref.rollout.agent.rewards_with_env or any(
         n.agent_options.get("rewards_with_env") for n in graph.nodes.values())
 
 
@@ -171,9 +170,11 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
     first = agents.configs[chain[0].agent_group]
-    n = int(select(first, f"{ROLLOUT}.val_kwargs.n" if validate else f"{ROLLOUT}.n", 1) or 1)
-    turns = int(select(config, f"{ROLLOUT}.multi_turn.max_assistant_turns", 1) or 1)
-    if select(config, f"{ROLLOUT}.multi_turn.use_all_traj", False):
+    sampling = first.actor_rollout_ref.rollout
+    n = (sampling.val_kwargs.n if validate else sampling.n) or 1
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    turns = multi_turn.max_assistant_turns or 1
+    if multi_turn.use_all_traj:
         raise ConfigError(f"{ROLLOUT}.multi_turn.use_all_traj=true is not supported: each "
                           "agent trains on its last turn of the episode")
     batch = batch.copy()
@@ -207,8 +208,8 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
         for index, (node, agent) in enumerate(zip(chain, processes, strict=True)):
             group = node.agent_group
             own = agents.configs[group]
-            length = int(select(own, f"{ROLLOUT}.response_length"))
-            limit = int(select(own, f"{ROLLOUT}.prompt_length"))
+            length = own.data.max_response_length  # what the rollout engines generate
+            limit = own.actor_rollout_ref.rollout.prompt_length
             reads = [agent.pre(tokenizer, e.text_ids, e.obs.get(index))[-limit:]
                      for e in active]
             keys = [zlib.crc32(f"{e.key}:{turn}:{index}".encode()) for e in active]
@@ -244,7 +245,7 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
                         "multi_agent/env_errors": float(env_errors)})
     for node in chain:
         group = node.agent_group
-        length = int(select(agents.configs[group], f"{ROLLOUT}.response_length"))
+        length = agents.configs[group].data.max_response_length
         for key, value in _agent_rows(episodes, group, pad_id, length).items():
             rows.set(prefix(group) + key, value)
         metrics[f"agent_group_{group}/response_length/mean"] = \

@@ -33,7 +33,6 @@ from siirl.data_coordinator.fields import (
     VALUES,
 )
 from siirl.errors import DataError, PipelineError
-from siirl.execution.config_select import select
 
 KL_CTRL = "kl_ctrl"
 _ESTIMATOR_SETTINGS = ("gamma", "lam", "norm_adv_by_std_in_grpo", "weight_factor_in_cpgd")
@@ -100,18 +99,17 @@ def check_algorithm_names(config: Any) -> None:
     (not at the first step, after models were loaded)."""
     from siirl.dag_worker import core_algos  # torch: not for a driver that only plans
 
-    core_algos.get_adv_estimator_fn(select(config, "algorithm.adv_estimator", "grpo"))
-    core_algos.get_policy_loss_fn(
-        select(config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
+    core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
+    core_algos.get_policy_loss_fn(config.actor_rollout_ref.actor.policy_loss.loss_mode)
 
 
 def setup_algorithm_objects(worker: Any, config: Any) -> None:
     """Objects whose state must survive a resume; created before the resume loads it."""
-    if select(config, "algorithm.use_kl_in_reward", False):
+    if config.algorithm.use_kl_in_reward:
         from siirl.dag_worker import core_algos
 
         worker.algorithm_objects[KL_CTRL] = core_algos.get_kl_controller(
-            select(config, "algorithm.kl_ctrl"))
+            config.algorithm.kl_ctrl)
 
 
 def _require_log_probs(batch: Any, node: Any) -> None:
@@ -135,14 +133,14 @@ def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
     if reduction is None:
         reduction = batch_reduction(worker, node)
     metrics: Dict[str, Any] = {}
-    if select(config, "algorithm.use_kl_in_reward", False):
+    if config.algorithm.use_kl_in_reward:
         _require_log_probs(batch, node)
         controller = GlobalKLController(worker.algorithm_objects[KL_CTRL], reduction)
         batch, kl_metrics = core_algos.apply_kl_penalty(
-            batch, controller, kl_penalty=select(config, "algorithm.kl_penalty", "kl"))
+            batch, controller, kl_penalty=config.algorithm.kl_penalty)
         kl_metrics["actor/reward_kl_penalty"] = controller.current_kl
         metrics.update(kl_metrics)
-    name = select(config, "algorithm.adv_estimator", "grpo")
+    name = config.algorithm.adv_estimator
     estimator = core_algos.get_adv_estimator_fn(name)
     # the estimators' argument names are the field names (verl's), except index <- uid
     sources = {key: batch.get(key, None) for key in
@@ -153,7 +151,7 @@ def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
         sources["index"] = get_non_tensor(batch, UID)
         check_groups_whole(sources["index"], reduction)
     for key in _ESTIMATOR_SETTINGS:
-        sources[key] = select(config, f"algorithm.{key}")
+        sources[key] = getattr(config.algorithm, key)
     sources["reduction"] = reduction
     advantages, returns = call_with_available(estimator, sources,
                                               f"advantage estimator '{name}'")
@@ -184,4 +182,4 @@ def advantage_metrics(advantages: Any, returns: Any, mask: Any, reduction: Any,
 def actor_warming_up(worker: Any, config: Any) -> bool:
     """``trainer.critic_warmup=k``: the actor does not train in steps 1..k (the run's own
     step counter), only the critic does."""
-    return worker.global_step <= int(select(config, "trainer.critic_warmup", 0) or 0)
+    return worker.global_step <= (config.trainer.critic_warmup or 0)

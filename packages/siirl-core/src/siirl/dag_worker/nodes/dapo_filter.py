@@ -30,7 +30,7 @@ from siirl.dag_worker.nodes.group_filter import filter_groups, row_values
 from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, PROMPTS
 from siirl.data_coordinator.protocol import concat_left_padded, group_indices, select_rows
 from siirl.errors import ConfigError, DataError
-from siirl.execution.config_select import select
+from siirl.params.typed import to_typed
 
 logger = logging.getLogger(__name__)
 _CFG = "algorithm.filter_groups"
@@ -62,18 +62,17 @@ def _target_groups(worker, config) -> int:
     """This worker's share of data.train_batch_size (a generation round's loader batch is
     its share of data.gen_batch_size)."""
     loader = getattr(worker, "train_loader", None)
-    total = select(config, "data.train_batch_size", None)
-    if total is None:  # a partial config (tests, tools): the round is the step
-        return int(getattr(loader, "batch_size", 1))
-    return int(total) // int(getattr(loader, "num_ranks", 1) or 1)
+    return config.data.train_batch_size // int(getattr(loader, "num_ranks", 1) or 1)
 
 
 def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:
-    metric = select(config, f"{_CFG}.metric", None) or "seq_final_reward"
+    config = to_typed(config)  # the worker's typed config; a dict or None when called alone
+    settings = config.algorithm.filter_groups
+    metric = settings.metric or "seq_final_reward"
     filtered, stats = filter_groups(batch, row_values(batch, metric), _has_variance)
     metrics = {f"dynamic_sampling/{k.split('/')[-1]}": v for k, v in stats.items()}
     worker = kwargs.get("worker")
-    if not select(config, f"{_CFG}.enable", False):
+    if not settings.enable:
         return NodeOutput(batch=batch, metrics=metrics)
     if worker is None:  # called outside a worker: a plain filter
         return NodeOutput(batch=filtered, metrics=metrics)
@@ -93,10 +92,10 @@ def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:
     metrics.update({f"dynamic_sampling/step_groups/{k}": v for k, v in totals.items()})
     if fewest >= target:
         return NodeOutput(batch=_first_groups(pool, target), metrics=metrics)
-    limit = int(select(config, f"{_CFG}.max_num_gen_batches", 0) or 0)
+    limit = settings.max_num_gen_batches or 0
     if limit <= 0 or state[_GENS] < limit:
         return NodeOutput(batch=None, metrics=metrics, info={"regenerate": True})
-    action = str(select(config, f"{_CFG}.on_exhausted", "error"))
+    action = settings.on_exhausted
     message = (f"DAPO dynamic sampling: {state[_GENS]} generation batches "
                f"({_CFG}.max_num_gen_batches={limit}) gave {fewest} prompt groups with "
                f"non-zero '{metric}' variance on the poorest worker, fewer than the {target} "

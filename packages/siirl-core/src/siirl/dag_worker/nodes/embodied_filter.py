@@ -15,16 +15,15 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.dag_worker.nodes.group_filter import row_values
-from siirl.data_coordinator.fields import COMPLETE, RESPONSE_MASK
+from siirl.data_coordinator.fields import RESPONSE_MASK
 from siirl.data_coordinator.protocol import group_indices
-from siirl.execution.config_select import select
+from siirl.params.typed import to_typed
 
 
 def embodied_local_rank_sampling(batch, config=None, **kwargs) -> NodeOutput:
-    prefix = "algorithm.embodied_sampling"
-    lower = float(select(config, f"{prefix}.accuracy_lower_bound", 0.1))
-    upper = float(select(config, f"{prefix}.accuracy_upper_bound", 0.9))
-    metric = select(config, f"{prefix}.metric", COMPLETE)
+    settings = to_typed(config).algorithm.embodied_sampling  # a dict or None when alone
+    lower, upper = settings.accuracy_lower_bound, settings.accuracy_upper_bound
+    metric = settings.metric
     values = row_values(batch, metric)
     groups = group_indices(batch)
     dropped = [rows for rows in groups.values()
@@ -35,7 +34,7 @@ def embodied_local_rank_sampling(batch, config=None, **kwargs) -> NodeOutput:
                "embodied_sampling/kept_ratio": kept / max(len(groups), 1),
                "embodied_sampling/success_rate": float(values.float().mean())
                if values.numel() else 0.0}
-    if not select(config, f"{prefix}.filter_accuracy", True) or not dropped:
+    if not settings.filter_accuracy or not dropped:
         return NodeOutput(batch=batch, metrics=metrics)
     if RESPONSE_MASK not in batch.keys():
         return NodeOutput(batch=batch, metrics=metrics)  # nothing trains on these rows

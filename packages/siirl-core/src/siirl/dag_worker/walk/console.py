@@ -17,7 +17,7 @@ import math
 import sys
 from typing import Any, Collection, Dict, List, Optional
 
-from siirl.execution.config_select import select
+from siirl.params.typed import to_typed
 
 # Each workflow's headline, first: the one it logs is shown (DEFAULT: the reward's mean;
 # AGENTIC: env/success_rate and env/score/mean; EMBODIED: env/success_rate and
@@ -51,9 +51,9 @@ def is_terminal(stream: Any) -> bool:
 def step_keys(config: Any) -> List[str]:
     """The step line's metrics for this run's configuration."""
     off = set()
-    if not select(config, "actor_rollout_ref.actor.use_kl_loss", False):
+    if not config.actor_rollout_ref.actor.use_kl_loss:
         off.update(KL_LOSS_KEYS)
-    if not select(config, "algorithm.use_kl_in_reward", False):
+    if not config.algorithm.use_kl_in_reward:
         off.update(KL_REWARD_KEYS)
     return [key for key in STEP_KEYS if key not in off]
 
@@ -101,7 +101,7 @@ class ConsoleLogger:
     def __init__(self, config: Any = None, stream: Any = None,
                  custom: Collection[str] = ()):
         self.stream = stream
-        self.keys = step_keys(config)
+        self.keys = step_keys(to_typed(config))  # None: the schema's defaults
         self.custom = custom  # read at every line: the user's nodes' names, as they log
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:

@@ -13,23 +13,22 @@ from pathlib import Path
 from typing import Any, Optional, Tuple
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.params.mini_batch_layout import loader_mini_batches
 
 BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE = 2000, 200
 
 
 def resolve_data_files(config: Any) -> Tuple[Any, Any]:
-    train, val = select(config, "data.train_files"), select(config, "data.val_files")
+    train, val = config.data.train_files, config.data.val_files
     if train is not None and val is not None:
         return train, val
     from siirl.data_coordinator.tasks.arithmetic import make_splits, write_parquet
 
-    directory = Path(str(select(config, "trainer.default_local_dir", "."))) / "data"
+    directory = Path(config.trainer.default_local_dir) / "data"
     train_path, val_path = directory / "train.parquet", directory / "val.parquet"
     if not (train_path.exists() and val_path.exists()):
         directory.mkdir(parents=True, exist_ok=True)
-        seed = int(select(config, "data.seed", 1))
+        seed = config.data.seed
         train_rows, val_rows = make_splits(BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE, seed=seed)
         write_parquet(train_rows, str(train_path))  # val problems never appear in train
         write_parquet(val_rows, str(val_path))
@@ -41,11 +40,10 @@ def dynamic_sampling(config: Any) -> bool:
     """DAPO's dynamic sampling runs in this job (the DAPO workflow, or verl's way)."""
     from siirl.execution.dag.task_loader import builtin_pipeline_name
 
-    if any(select(config, f"dag.{k}") for k in ("custom_pipeline_fn", "workflow_path",
-                                                 "pipeline")):
-        return bool(select(config, "algorithm.filter_groups.enable", False))
-    return builtin_pipeline_name(config) == "dapo" and \
-        bool(select(config, "algorithm.filter_groups.enable", False))
+    dag, enabled = config.dag, config.algorithm.filter_groups.enable
+    if dag.custom_pipeline_fn or dag.workflow_path or dag.pipeline:
+        return enabled
+    return builtin_pipeline_name(config) == "dapo" and enabled
 
 
 def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
@@ -53,32 +51,32 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     from siirl.data_coordinator.dataloader import PartitionedDataset, StatefulDataLoader
 
     train_files, val_files = resolve_data_files(config)
-    data_cfg = select(config, "data")
-    global_batch = int(select(config, "data.train_batch_size", 1))
+    data_cfg = config.data
+    global_batch = data_cfg.train_batch_size
     if global_batch % world_size:
         raise ConfigError(f"data.train_batch_size={global_batch} must be divisible by the "
                           f"number of workers ({world_size})")
     # Every worker indexes the whole training set and takes its slice of each global batch
     # (see StatefulDataLoader), so the run does not depend on the number of workers.
     train_set = PartitionedDataset(train_files, tokenizer, data_cfg, 0, 1)
-    seed = int(select(config, "data.seed", 1))
+    seed = data_cfg.seed
     # each worker's share of every PPO mini-batch: its k-th local mini-batch is then its
     # part of one worker's k-th
     mini_batches = loader_mini_batches(config)
     if dynamic_sampling(config):  # a generation round takes data.gen_batch_size prompts
         mini_batches = 1
-        global_batch = int(select(config, "data.gen_batch_size", None) or global_batch)
+        global_batch = data_cfg.gen_batch_size or global_batch
         if global_batch % world_size:
             raise ConfigError(f"data.gen_batch_size={global_batch} must be divisible by the "
                               f"number of workers ({world_size})")
     train_loader = StatefulDataLoader(
         train_set, batch_size=global_batch // world_size, pad_token_id=tokenizer.pad_token_id,
-        shuffle=bool(select(config, "data.shuffle", True)), seed=seed, drop_last=True,
+        shuffle=data_cfg.shuffle, seed=seed, drop_last=True,
         rank=rank, num_ranks=world_size, mini_batches=mini_batches)
     val_loader = None
     if val_files:
         val_set = PartitionedDataset(val_files, tokenizer, data_cfg, rank, world_size)
-        val_batch = select(config, "data.val_batch_size") or len(val_set)
+        val_batch = data_cfg.val_batch_size or len(val_set)
         val_loader = StatefulDataLoader(val_set, batch_size=int(val_batch),
                                         pad_token_id=tokenizer.pad_token_id, shuffle=False,
                                         seed=seed, drop_last=False)

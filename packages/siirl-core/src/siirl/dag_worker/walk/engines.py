@@ -14,12 +14,12 @@ holds typed engine objects (``engines.actor``, ...), not names looked up at call
 from __future__ import annotations
 
 import inspect
+from operator import attrgetter
 from typing import Any, Dict, Iterable, Tuple
 
 from siirl.dag_worker.walk.engine_api import ROLE_PROTOCOLS
 from siirl.dag_worker.walk.reward_manager_file import register_file_reward_manager
 from siirl.errors import PluginNotFoundError
-from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole, NodeType
 from siirl.execution.dag.task_graph import TaskGraph
 from siirl.plugins import load_plugin
@@ -96,15 +96,15 @@ class WorkerEngines:
             loaded = register_file_reward_manager(self.config)
             if loaded:
                 return group, loaded, "reward_manager.name"
-        name = select(self.config, key)
+        name = attrgetter(key)(self.config)  # the tables name keys as users type them
         if not name and fallback:
-            name, key = select(self.config, fallback), fallback
+            name, key = attrgetter(fallback)(self.config), fallback
         if not name:
             raise PluginNotFoundError(f"no engine configured for role '{role}': set {key}")
         return group, str(name), key
 
     def reward_model_enabled(self) -> bool:
-        return bool(select(self.config, REWARD_MODEL_KEY, False))
+        return self.config.reward_model.enable
 
     def _with_reward_model(self, roles: Iterable[str]) -> list:
         roles = list(roles)
@@ -122,7 +122,7 @@ class WorkerEngines:
 
     def _multi_turn(self, role: str, name: str) -> bool:
         return role == "rollout" and name != MULTI_TURN_PLUGIN and \
-            bool(select(self.config, MULTI_TURN_KEY, False))
+            self.config.actor_rollout_ref.rollout.multi_turn.enable
 
     def peer_roles(self, role: str) -> Tuple[str, ...]:
         """Roles the plugin of ``role`` needs built before it (its factory's ``peer_roles``;

@@ -15,11 +15,11 @@ rows; between equal layouts they stay in place.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from siirl.data_coordinator.data_buffer import Layout
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.execution.dag.node import NodeRole
 from siirl.execution.dag.task_graph import TaskGraph
 
@@ -42,10 +42,10 @@ _ULYSSES_KEYS = {
 def sequence_parallel_sizes(config: Any) -> tuple:
     """The Ulysses group sizes above 1 that the FSDP engines of ``config`` use."""
     sizes = set()
-    for role, strategy in ((NodeRole.ACTOR, "actor_rollout_ref.actor.strategy"),
-                           (NodeRole.CRITIC, "critic.strategy")):
-        if select(config, strategy, "fsdp") != "megatron":
-            sizes.add(int(select(config, _ULYSSES_KEYS[role], 1) or 1))
+    for role, engine in ((NodeRole.ACTOR, config.actor_rollout_ref.actor),
+                         (NodeRole.CRITIC, config.critic)):
+        if engine.strategy != "megatron":
+            sizes.add(int(attrgetter(_ULYSSES_KEYS[role])(config) or 1))
     return tuple(sorted(s for s in sizes if s > 1))
 
 
@@ -53,16 +53,16 @@ def _model_parallel(role: NodeRole, config: Any) -> tuple:
     """(size, config key) of the group of workers that read the same rows at this node: a
     megatron actor/reference/critic's TP x PP x CP peers (all share the actor's megatron
     parallel state), the rollout's tensor-parallel peers, else 1."""
-    megatron_actor = select(config, "actor_rollout_ref.actor.strategy", "fsdp") == "megatron"
-    megatron_critic = select(config, "critic.strategy", "fsdp") == "megatron"
+    megatron_actor = config.actor_rollout_ref.actor.strategy == "megatron"
+    megatron_critic = config.critic.strategy == "megatron"
     if (role in (NodeRole.ACTOR, NodeRole.REFERENCE) and megatron_actor) or \
             (role is NodeRole.CRITIC and megatron_critic):
         size = 1
         for key in _MEGATRON_SIZES:
-            size *= int(select(config, f"{_MEGATRON}.{key}", 1) or 1)
+            size *= int(attrgetter(f"{_MEGATRON}.{key}")(config) or 1)
         return size, f"{_MEGATRON}.tensor_model_parallel_size (x pipeline x context)"
     key = _MODEL_PARALLEL_KEYS.get(role) or _ULYSSES_KEYS.get(role)
-    return (int(select(config, key, 1) or 1) if key else 1), key
+    return (int(attrgetter(key)(config) or 1) if key else 1), key
 
 
 def _role_layout(role: NodeRole, config: Any, ranks: Sequence[int]) -> Layout:

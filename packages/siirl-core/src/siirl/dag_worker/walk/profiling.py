@@ -11,30 +11,25 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from siirl.execution.config_select import select
-
 
 class StepProfiler:
     """Decides what to trace on this worker and writes the traces."""
 
     def __init__(self, config: Any, rank: int):
-        def get(key: str, default: Any = None) -> Any:
-            return select(config, f"profiler.{key}", default)
-
         self.rank = int(rank)
-        ranks = [int(r) for r in (get("ranks") or [])]
-        self.on = bool(get("enable", False)) and (bool(get("all_ranks", False))
-                                                   or self.rank in ranks)
-        self.steps = {int(s) for s in (get("profile_steps") or [])}
-        self.discrete = bool(get("discrete", False))
-        self.roles = {str(r) for r in (get("roles") or [])}
-        run_dir = str(select(config, "trainer.default_local_dir", ".") or ".")
-        self.root = Path(get("save_path") or Path(run_dir) / "profile")
-        self.options = {"record_shapes": bool(get("record_shapes", False)),
-                        "profile_memory": bool(get("with_memory", False)),
-                        "with_stack": bool(get("with_stack", False)),
-                        "with_modules": bool(get("with_module", False))}
-        self.with_cpu = bool(get("with_cpu", False))
+        settings = config.profiler
+        ranks = [int(r) for r in (settings.ranks or [])]
+        self.on = settings.enable and (settings.all_ranks or self.rank in ranks)
+        self.steps = {int(s) for s in (settings.profile_steps or [])}
+        self.discrete = settings.discrete
+        self.roles = {str(r) for r in (settings.roles or [])}
+        run_dir = config.trainer.default_local_dir or "."
+        self.root = Path(settings.save_path or Path(run_dir) / "profile")
+        self.options = {"record_shapes": settings.record_shapes,
+                        "profile_memory": settings.with_memory,
+                        "with_stack": settings.with_stack,
+                        "with_modules": settings.with_module}
+        self.with_cpu = settings.with_cpu
         self.written: list[Path] = []
         self.current: Optional[int] = None  # the training step running now
 

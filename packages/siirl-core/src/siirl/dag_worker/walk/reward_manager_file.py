@@ -26,7 +26,6 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 from siirl.errors import ConfigError, PluginNotFoundError
-from siirl.execution.config_select import select
 from siirl.plugins import load_plugin, register
 
 GROUP = "siirl.reward_managers"
@@ -44,7 +43,7 @@ _LOADED: Dict[Tuple[str, Optional[str], str], Any] = {}
 
 
 def from_file(config: Any) -> bool:
-    return str(select(config, SOURCE, "register")) == "importlib"
+    return config.reward_manager.source == "importlib"
 
 
 def register_file_reward_manager(config: Any) -> Optional[str]:
@@ -52,12 +51,13 @@ def register_file_reward_manager(config: Any) -> Optional[str]:
     in ``siirl.reward_managers`` for this process and return that name (else None)."""
     if not from_file(config):
         return None
-    class_name, path = select(config, NAME), select(config, PATH)
+    manager = config.reward_manager
+    class_name, path = manager.name, manager.module.path
     if not class_name or not path:
         raise ConfigError(f"{SOURCE}=importlib needs {NAME} (the class) and {PATH} (its "
                           f"file); got {NAME}={class_name!r}, {PATH}={path!r}")
     class_name, path = str(class_name), str(path)
-    module_name = select(config, MODULE_NAME)
+    module_name = manager.module.name
     key = (path, None if module_name is None else str(module_name), class_name)
     if key not in _LOADED:
         cls = getattr(_module(path, key[1]), class_name, None)

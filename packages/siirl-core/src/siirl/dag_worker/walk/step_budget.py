@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 
 
 @dataclass(frozen=True)
@@ -25,9 +24,7 @@ class StepBudget:
 
     @classmethod
     def of(cls, config: Any, steps_per_epoch: Optional[int]) -> StepBudget:
-        explicit = select(config, "trainer.total_training_steps")
-        budget = cls(None if explicit is None else int(explicit),
-                     int(select(config, "trainer.total_epochs", 1)),
+        budget = cls(config.trainer.total_training_steps, config.trainer.total_epochs,
                      int(steps_per_epoch) if steps_per_epoch else None)
         if budget.explicit is None and budget.by_epochs is None:
             raise ConfigError("trainer.total_training_steps must be set when the workflow "

@@ -19,7 +19,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from siirl.dag_worker.walk.console import write_line
 from siirl.errors import SiirlError
-from siirl.execution.config_select import select
 
 SKIPPED = "train/skipped_steps"
 
@@ -27,7 +26,7 @@ SKIPPED = "train/skipped_steps"
 class StepHealth:
     def __init__(self, config: Any, reward_engine: Callable[[], Any], chief: bool = True,
                  stream: Any = None):
-        self.max_failed_steps = int(select(config, "reward_model.max_failed_steps", 3) or 0)
+        self.max_failed_steps = config.reward_model.max_failed_steps or 0
         self.reward_engine = reward_engine  # the reward manager, asked only when stopping
         self.chief = chief
         self.stream = stream

@@ -8,6 +8,7 @@ the records of steps past its checkpoint (it runs them again): each step appears
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,6 @@ from typing import Any, Collection, Dict, List, Optional
 from siirl.dag_worker.checkpoint.errors import StorageError
 from siirl.dag_worker.walk.console import ConsoleLogger
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.params.constraints import unknown_logger_problems
 
 
@@ -103,12 +103,10 @@ class WandbLogger:
                               "missing: pip install wandb") from exc
         online = bool(os.environ.get("WANDB_API_KEY")) and \
             os.environ.get("WANDB_MODE", "") != "offline"
-        from omegaconf import OmegaConf
         self.run = wandb.init(
-            project=str(select(config, "trainer.project_name", "siirl")),
-            name=str(select(config, "trainer.experiment_name", "run")),
+            project=config.trainer.project_name, name=config.trainer.experiment_name,
             dir=directory, mode="online" if online else "offline",
-            config=OmegaConf.to_container(config, resolve=True) if config is not None else {},
+            config=dataclasses.asdict(config),
             settings=wandb.Settings(init_timeout=30, silent=True))
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
@@ -136,12 +134,12 @@ class Tracking:
 def build_tracking(config: Any, console: bool = True,
                    keep_through: Optional[int] = None,
                    custom_metrics: Collection[str] = ()) -> Tracking:
-    names = select(config, "trainer.logger", ["console"])
+    names = config.trainer.logger
     names = [names] if isinstance(names, str) else list(names)
     unknown = unknown_logger_problems(names)  # the validation pass refuses it first
     if unknown:
         raise ConfigError(unknown[0])
-    directory = str(select(config, "trainer.default_local_dir", "."))
+    directory = config.trainer.default_local_dir
     loggers: List[Any] = [JsonlLogger(directory, keep_through)]
     if "console" in names and console:
         loggers.append(ConsoleLogger(config, custom=custom_metrics))

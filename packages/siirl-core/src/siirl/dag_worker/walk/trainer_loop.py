@@ -39,7 +39,6 @@ from siirl.dag_worker.walk.step_health import StepHealth
 from siirl.dag_worker.walk.tracking import Tracking, build_tracking
 from siirl.dag_worker.walk.validator import validate
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 
 
 def seed_everything(seed: int) -> None:
@@ -51,8 +50,8 @@ def seed_everything(seed: int) -> None:
 def configure_threads(config: Any) -> None:
     """On CPU, tiny models lose more to thread hand-offs than they gain (0.26 s vs 5.4 s per
     default step measured on 2 busy cores): use ``trainer.cpu_threads``."""
-    threads = select(config, "trainer.cpu_threads")
-    on_cpu = str(select(config, "trainer.device", "auto")) == "cpu" or \
+    threads = config.trainer.cpu_threads
+    on_cpu = config.trainer.device == "cpu" or \
         not torch.cuda.is_available()
     if threads and on_cpu:
         torch.set_num_threads(int(threads))
@@ -80,9 +79,9 @@ class Trainer:
         # the torch profiler around chosen steps or nodes (profiler.*)
         worker.profiler = StepProfiler(self.config, getattr(getattr(worker, "comm", None),
                                                             "rank", 0))
-        root = str(select(self.config, "trainer.default_local_dir", "."))
-        self.checkpoints = CheckpointManager(root, select(self.config,
-                                                          "trainer.max_actor_ckpt_to_keep"))
+        trainer = self.config.trainer
+        self.checkpoints = CheckpointManager(trainer.default_local_dir,
+                                             trainer.max_actor_ckpt_to_keep)
 
     def _stateful_engines(self) -> Dict[str, Any]:
         agents = getattr(self.worker, "agents", None)
@@ -98,8 +97,7 @@ class Trainer:
                 "algorithm": self.worker.algorithm_state()}
 
     def _maybe_resume(self) -> bool:
-        mode = str(select(self.config, "trainer.resume_mode", "auto"))
-        path = select(self.config, "trainer.resume_from_path")
+        mode, path = self.config.trainer.resume_mode, self.config.trainer.resume_from_path
         if mode == "resume_path" and not path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         # auto: the newest intact checkpoint (a damaged one is skipped with a warning)
@@ -132,7 +130,7 @@ class Trainer:
 
     def _dump_generations(self, step: int, outputs: Dict[str, Any]) -> None:
         """``trainer.rollout_data_dir``: this step's rows as text (``generations``)."""
-        folder = select(self.config, "trainer.rollout_data_dir")
+        folder = self.config.trainer.rollout_data_dir
         if not folder or not outputs:
             return
         node_id, output = next(iter(outputs.items()))
@@ -162,8 +160,8 @@ class Trainer:
 
     def fit(self) -> list:
         configure_threads(self.config)
-        seed_everything(int(select(self.config, "trainer.seed", 1)))
-        root = str(select(self.config, "trainer.default_local_dir", "."))
+        seed_everything(self.config.trainer.seed)
+        root = self.config.trainer.default_local_dir
         comm = self.worker.comm
         with QuietLibraries(root, comm.rank, comm.world_size) as quiet:
             try:
@@ -199,9 +197,9 @@ class Trainer:
         progress = None
         health = StepHealth(self.config, self._reward_engine, chief=comm.is_chief)
         try:
-            if select(self.config, "trainer.val_only", False):
+            if self.config.trainer.val_only:
                 return self._validate_only(tracking)
-            if not resumed and select(self.config, "trainer.val_before_train", True):
+            if not resumed and self.config.trainer.val_before_train:
                 val = self._validate()
                 if val:
                     tracking.log(self.worker.global_step, val)
@@ -228,7 +226,7 @@ class Trainer:
                 self._dump_generations(step, result.outputs)
                 health.count_skipped(step, metrics)
                 last = step == steps
-                val = self._validate() if _due(step, select(self.config, "trainer.test_freq"),
+                val = self._validate() if _due(step, self.config.trainer.test_freq,
                                                 last) else {}
                 progress.update()
                 tracking.log(step, metrics)
@@ -237,7 +235,7 @@ class Trainer:
                     tracking.log(step, val)
                     history.append({"step": step, **val})
                 health.check_rewards(metrics)  # stops a run whose rewards all fail
-                if _due(step, select(self.config, "trainer.save_freq"), last):
+                if _due(step, self.config.trainer.save_freq, last):
                     self.checkpoints.save(step, self._stateful_engines(),
                                           self._trainer_state(), comm, final=last)
                 if comm.is_chief:  # start-up and first-step warnings are in by now

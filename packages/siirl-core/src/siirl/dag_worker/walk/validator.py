@@ -13,7 +13,6 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
 )
 from siirl.data_coordinator.protocol import get_non_tensor
-from siirl.execution.config_select import select
 
 
 def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
@@ -51,9 +50,8 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
             else:
                 rollout.generate(batches[0][:1], validate=True)
     texts = []  # the generations, when validation_data_dir / log_val_generations want them
-    config = getattr(worker, "config", None)
-    folder = select(config, "trainer.validation_data_dir")
-    shown = int(select(config, "trainer.log_val_generations", 0) or 0)
+    trainer = worker.config.trainer
+    folder, shown = trainer.validation_data_dir, trainer.log_val_generations or 0
     for batch in batches:
         scored = generate_and_score(batch)
         if folder or shown:

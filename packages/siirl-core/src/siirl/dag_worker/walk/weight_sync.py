@@ -20,22 +20,14 @@ BUCKET_BYTES = 64 << 20
 
 
 def bucket_bytes_of(config: Any) -> int:
-    """``rollout.update_weights_bucket_megabytes`` in bytes (the default when unset)."""
-    from omegaconf import OmegaConf
-
-    megabytes = OmegaConf.select(
-        config, "actor_rollout_ref.rollout.update_weights_bucket_megabytes", default=None) \
-        if OmegaConf.is_config(config) else None
+    """``rollout.update_weights_bucket_megabytes`` in bytes (``BUCKET_BYTES`` when 0)."""
+    megabytes = config.actor_rollout_ref.rollout.update_weights_bucket_megabytes
     return int(megabytes) << 20 if megabytes else BUCKET_BYTES
 
 
 def update_frequency_of(config: Any) -> int:
-    """``rollout.model_update_frequency`` (1 when unset)."""
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(config, "actor_rollout_ref.rollout.model_update_frequency",
-                             default=None) if OmegaConf.is_config(config) else None
-    return max(1, int(value or 1))
+    """``rollout.model_update_frequency`` (at least 1)."""
+    return max(1, int(config.actor_rollout_ref.rollout.model_update_frequency or 1))
 
 
 class RolloutWeightSync:

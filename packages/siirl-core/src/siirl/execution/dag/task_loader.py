@@ -14,35 +14,34 @@ from __future__ import annotations
 from typing import Any
 
 from siirl.errors import ConfigError, PipelineError
-from siirl.execution.config_select import select
 from siirl.execution.dag.config_loader import load_workflow
 from siirl.execution.dag.func_ref import resolve_ref
 from siirl.execution.dag.pipeline import Pipeline
 from siirl.execution.dag.task_graph import TaskGraph
 from siirl.execution.scheduler.enums import AdvantageEstimator, WorkflowType
+from siirl.params import SiiRLArguments
 from siirl.plugins import load_plugin
 
 
-def dynamic_sampling_on(config: Any) -> bool:
+def dynamic_sampling_on(config: SiiRLArguments) -> bool:
     """verl turns DAPO's dynamic sampling on from ``algorithm.filter_groups.enable`` alone
     (its DAPO recipe sets no workflow): under the DEFAULT workflow with group advantages,
     that key selects the DAPO pipeline here too."""
-    workflow = str(select(config, "algorithm.workflow_type", "DEFAULT")).upper()
-    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
-    return workflow == WorkflowType.DEFAULT.value and \
-        estimator != AdvantageEstimator.GAE.value and \
-        bool(select(config, "algorithm.filter_groups.enable", False))
+    algorithm = config.algorithm
+    return algorithm.workflow_type.upper() == WorkflowType.DEFAULT.value and \
+        algorithm.adv_estimator.lower() != AdvantageEstimator.GAE.value and \
+        algorithm.filter_groups.enable
 
 
-def builtin_pipeline_name(config: Any) -> str:
-    raw_type = str(select(config, "algorithm.workflow_type", "DEFAULT"))
+def builtin_pipeline_name(config: SiiRLArguments) -> str:
+    raw_type = config.algorithm.workflow_type
     try:
         workflow = WorkflowType(raw_type.upper())
     except ValueError:
         names = ", ".join(w.value for w in WorkflowType)
         raise ConfigError(f"algorithm.workflow_type={raw_type!r} is not one of {names}") \
             from None
-    estimator = str(select(config, "algorithm.adv_estimator", "grpo")).lower()
+    estimator = config.algorithm.adv_estimator.lower()
     if estimator == AdvantageEstimator.REMAX.value:
         return _remax_pipeline_name(workflow, dynamic_sampling_on(config))
     if workflow is WorkflowType.DAPO or dynamic_sampling_on(config):
@@ -79,15 +78,15 @@ def _as_task_graph(result: Any, origin: str) -> TaskGraph:
     return result
 
 
-def load_pipeline(config: Any) -> TaskGraph:
-    custom = select(config, "dag.custom_pipeline_fn")
+def load_pipeline(config: SiiRLArguments) -> TaskGraph:
+    custom = config.dag.custom_pipeline_fn
     if custom:
         target = resolve_ref(str(custom), "dag.custom_pipeline_fn")
         return _as_task_graph(target.func(), f"dag.custom_pipeline_fn '{custom}'")
-    workflow_path = select(config, "dag.workflow_path")
+    workflow_path = config.dag.workflow_path
     if workflow_path:
         return load_workflow(str(workflow_path))
-    named = select(config, "dag.pipeline")
+    named = config.dag.pipeline
     name = str(named) if named else builtin_pipeline_name(config)
     factory = load_plugin("siirl.pipelines", name,
                           what="dag.pipeline" if named else "algorithm.workflow_type")

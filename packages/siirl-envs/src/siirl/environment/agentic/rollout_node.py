@@ -15,7 +15,6 @@ same seeds at every evaluation.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -40,7 +39,6 @@ from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.environment.registry import make_env
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 
 _POOLS: Dict[tuple, Any] = {}  # (processes, timeout) -> this worker's environment processes
@@ -63,19 +61,14 @@ def _pool(settings: Any) -> Any:
 
 
 # ROLL's scheduler settings when a configuration has none (a hand-built one)
-_NO_SCHEDULER = SimpleNamespace(tags=None, group_size=None, num_groups_partition=None,
-                                max_env_num_per_worker=0)
-
-
 def _tags(config: Any, validate: bool = False) -> List[str]:
-    custom = dict(select(config, "custom_envs", {}) or {})
+    custom = dict(config.custom_envs)
     if not custom:
         raise ConfigError("algorithm.workflow_type=AGENTIC needs custom_envs: e.g. "
                           "custom_envs.SimpleSokoban.env_type=sokoban")
-    scheduler = select(config, "val_env_manager" if validate else "train_env_manager") or \
-        _NO_SCHEDULER
+    scheduler = config.val_env_manager if validate else config.train_env_manager
     own = list(scheduler.tags or [])
-    tags = own or list(select(config, "env_manager.tags") or custom)
+    tags = own or list(config.env_manager.tags or custom)
     unknown = [tag for tag in tags if tag not in custom]
     if unknown:
         where = ("val_env_manager" if validate else "train_env_manager") + ".tags" if own \
@@ -249,20 +242,18 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     tokenizer = actor.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
-    custom = dict(select(config, "custom_envs", {}) or {})
+    custom = dict(config.custom_envs)
     tags = _tags(config, validate)
-    scheduler = select(config, "val_env_manager" if validate else "train_env_manager") or \
-        _NO_SCHEDULER
-    n_key = "val_kwargs.n" if validate else "n"
-    n = int(select(config, f"actor_rollout_ref.rollout.{n_key}", 1) or 1)
+    scheduler = config.val_env_manager if validate else config.train_env_manager
+    sampling = config.actor_rollout_ref.rollout
+    n = (sampling.val_kwargs.n if validate else sampling.n) or 1
     if validate and scheduler.group_size:  # training's must equal rollout.n (checked)
         n = int(scheduler.group_size)
-    run_seed = int(select(config, "trainer.seed", 0) or 0)
+    run_seed = config.trainer.seed or 0
     # validation replays the same episodes at every evaluation; training gets fresh ones
     step = -1 if validate else int(getattr(worker, "global_step", 0) or 0)
-    settings = select(config, "env_manager")
-    reply_tokens = int(select(config, "env_manager.max_tokens_per_step") or
-                       select(config, "data.max_response_length"))
+    settings = config.env_manager
+    reply_tokens = settings.max_tokens_per_step or config.data.max_response_length
     manager = TrajectoryEnvManager(tokenizer, settings.max_actions_per_traj,
                                    settings.max_episode_tokens, settings.format_penalty,
                                    settings.error_penalty)

@@ -53,7 +53,6 @@ from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prom
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
@@ -159,12 +158,12 @@ _ENCODERS: Dict[tuple, Any] = {}
 
 def _video_encoder(config: Any) -> Optional[Any]:
     """SRPO's frozen video encoder, or None (plain GRPO on success)."""
-    path = select(config, "actor_rollout_ref.embodied.video_embedding_model_path")
+    path = config.actor_rollout_ref.embodied.video_embedding_model_path
     if path in (None, "", "none"):
         return None
-    fp16 = bool(select(config, f"{EMBODIED}.embedding_enable_fp16", False))
+    fp16 = config.actor_rollout_ref.embodied.embedding_enable_fp16
     device = "cuda" if torch.cuda.is_available() and \
-        str(select(config, "trainer.device", "cuda")) != "cpu" else "cpu"
+        config.trainer.device != "cpu" else "cpu"
     key = (str(path), fp16, device)
     if key not in _ENCODERS:
         from siirl.environment.embodied.video_embedding import build_video_encoder
@@ -175,7 +174,7 @@ def _video_encoder(config: Any) -> Optional[Any]:
 
 def _save_videos(episodes: Sequence[Episode], config: Any, worker: Any) -> Dict[str, float]:
     """Each task's first validation episode as a GIF (rank 0 only); how many were written."""
-    folder = select(config, "trainer.default_local_dir")
+    folder = config.trainer.default_local_dir
     if not folder or int(getattr(worker, "rank", 0) or 0) != 0:
         return {}
     from siirl.environment.embodied.video import write_video
@@ -194,16 +193,20 @@ def _save_videos(episodes: Sequence[Episode], config: Any, worker: Any) -> Dict[
 
 def check_settings(config: Any) -> None:
     """What the EMBODIED workflow does not run yet, refused by name before any episode."""
-    refused = {
-        "actor_rollout_ref.rollout.name": ("hf", "the VLA's images reach the model through "
-                                           "the hf rollout only; vllm/sglang would drop them"),
-        "actor_rollout_ref.actor.strategy": ("fsdp", "the episode log-prob head runs on "
-                                             "FSDP modules; Megatron has no VLA model"),
-        "algorithm.adv_estimator": ("grpo", "episode rows have no critic values: GAE needs "
-                                    "a value head over images, which is not built"),
+    actor_rollout_ref = config.actor_rollout_ref
+    refused = {  # key: (its value, the value supported, why)
+        "actor_rollout_ref.rollout.name": (
+            actor_rollout_ref.rollout.name, "hf", "the VLA's images reach the model through "
+            "the hf rollout only; vllm/sglang would drop them"),
+        "actor_rollout_ref.actor.strategy": (
+            actor_rollout_ref.actor.strategy, "fsdp", "the episode log-prob head runs on "
+            "FSDP modules; Megatron has no VLA model"),
+        "algorithm.adv_estimator": (
+            config.algorithm.adv_estimator, "grpo", "episode rows have no critic values: GAE "
+            "needs a value head over images, which is not built"),
     }
-    for key, (wanted, why) in refused.items():
-        value = str(select(config, key, wanted) or wanted).lower()
+    for key, (value, wanted, why) in refused.items():
+        value = str(value or wanted).lower()
         if key == "actor_rollout_ref.actor.strategy" and value in ("fsdp", "fsdp2"):
             continue
         if key == "algorithm.adv_estimator" and value != "gae":
@@ -226,24 +229,24 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
     if image_tokens <= 0:
         raise ConfigError(
             f"algorithm.workflow_type=EMBODIED needs a vision-language-action model; "
-            f"actor_rollout_ref.model.path={select(config, 'actor_rollout_ref.model.path')!r} "
+            f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path!r} "
             "has no image tokens (config.image_tokens). Use builtin:tiny-vla or a model "
             "whose forward takes pixel_values and proprio")
     bins = int(getattr(module_config, "action_bins", 256) or 256)
     actions = action_tokenizer_for(tokenizer, bins)
-    n = int(select(config, "actor_rollout_ref.rollout.val_kwargs.n" if validate else
-                   "actor_rollout_ref.rollout.n", 1) or 1)
-    run_seed = int(select(config, "trainer.seed", 0) or 0)
+    rollout_cfg = config.actor_rollout_ref.rollout
+    n = (rollout_cfg.val_kwargs.n if validate else rollout_cfg.n) or 1
+    run_seed = config.trainer.seed or 0
     step = -1 if validate else int(getattr(worker, "global_step", 0) or 0)
     sample_ids = [int(i) for i in batch[SAMPLE_ID].tolist()]
     envs = worker_envs(config, len(sample_ids) * n)
     action_dim = int(envs.action_dim)
-    token_len = int(select(config, "actor_rollout_ref.embodied.action_token_len", action_dim))
+    token_len = config.actor_rollout_ref.embodied.action_token_len
     if token_len != action_dim:
         raise ConfigError(f"{EMBODIED}.action_token_len={token_len}, but "
                           f"the environment's actions have {action_dim} dimensions: set "
                           f"{EMBODIED}.action_token_len={action_dim}")
-    k = int(select(config, "actor_rollout_ref.embodied.action_chunks_len", 1))
+    k = config.actor_rollout_ref.embodied.action_chunks_len
     if k < 1:
         raise ConfigError(f"{EMBODIED}.action_chunks_len={k}: a chunk is at least 1 action")
     chunks = -(-int(envs.max_steps) // k)

@@ -14,7 +14,6 @@ import numpy as np
 from siirl.environment.embodied.base import EmbodiedEnv, stack_observations
 from siirl.environment.embodied.registry import embodied_env_class, make_embodied_env
 from siirl.environment.embodied.venv import VectorEmbodiedEnv
-from siirl.execution.config_select import select
 
 EMBODIED = "actor_rollout_ref.embodied"
 
@@ -23,7 +22,7 @@ def env_spec(config: Any) -> tuple:
     """``(name, settings)`` of the environment ``actor_rollout_ref.embodied.env`` asks for:
     ``env_type`` names it, ``env_config`` holds its own settings, and siiRL's ``max_steps``,
     ``env_name`` (a LIBERO suite, or task ids) and ``num_steps_wait`` fill what it takes."""
-    env = select(config, f"{EMBODIED}.env")
+    env = config.actor_rollout_ref.embodied.env
     name = str(env.env_type)
     settings = dict(env.env_config or {})
     cls = embodied_env_class(name, f"{EMBODIED}.env.env_type")
@@ -85,10 +84,10 @@ _ENVS: Dict[tuple, Any] = {}  # this worker's environments, kept for the run
 
 
 def worker_envs(config: Any, episodes: int) -> Any:
-    env = select(config, f"{EMBODIED}.env")
+    env = config.actor_rollout_ref.embodied.env
     name, settings = env_spec(config)
     processes = int(env.num_envs or 0)
-    timeout = float(select(config, f"{EMBODIED}.env.step_timeout_s", 60.0) or 60.0)
+    timeout = float(env.step_timeout_s or 60.0)
     key = (name, repr(sorted(settings.items())), processes, timeout)
     if key not in _ENVS:
         _ENVS[key] = VectorEmbodiedEnv(name, processes, timeout, config=settings) \

@@ -41,8 +41,8 @@ from siirl.environment.multi_turn.conversation import Conversation, ToolLoop
 from siirl.environment.multi_turn.interactions import load_interactions
 from siirl.environment.tools.registry import load_tools
 from siirl.errors import ConfigError
-from siirl.execution.config_select import select
 from siirl.execution.rollout_flow.engine_policy import EnginePolicy
+from siirl.params.typed import to_typed
 
 KEY = "actor_rollout_ref.rollout.multi_turn"
 
@@ -68,18 +68,19 @@ class MultiTurnRollout:
             raise ConfigError("the multi_turn rollout wraps another engine: keep "
                               "actor_rollout_ref.rollout.name=hf|vllm|sglang and set "
                               f"{KEY}.enable=true")
+        config = to_typed(config)  # the launcher's typed config, or a test's dict
         self.inner, self.config, self.worker = peers["rollout"], config, worker
         self.role = role
         self._tokenizer = tokenizer if tokenizer is not None else \
             getattr(peers.get("actor"), "tokenizer", None)
-        sandbox = select(config, "reward_model.sandbox_fusion")
+        sandbox = config.reward_model.sandbox_fusion
+        turns = config.actor_rollout_ref.rollout.multi_turn
         self.tools = load_tools(
-            select(config, f"{KEY}.tool_config_path"),
-            {k: select(sandbox, k) for k in ("url", "max_concurrent", "memory_limit_mb")},
-            int(select(config, f"{KEY}.max_tool_response_length", 256)),
-            str(select(config, f"{KEY}.tool_response_truncate_side", "middle")))
-        self.interactions = load_interactions(select(config, f"{KEY}.interaction_config_path"))
-        self.fmt = str(select(config, f"{KEY}.format", "hermes"))
+            turns.tool_config_path,
+            {k: getattr(sandbox, k) for k in ("url", "max_concurrent", "memory_limit_mb")},
+            turns.max_tool_response_length, turns.tool_response_truncate_side)
+        self.interactions = load_interactions(turns.interaction_config_path)
+        self.fmt = turns.format
         ToolLoop(None, self.tools, 1, self.fmt)  # a bad format fails at start-up
 
     def __getattr__(self, name: str) -> Any:  # everything else is the wrapped engine's
@@ -104,12 +105,12 @@ class MultiTurnRollout:
         if hasattr(self.inner, "sampling"):
             n = int(self.inner.sampling(validate)["n"])
         else:
-            n = int(select(self.config, "actor_rollout_ref.rollout." +
-                           ("val_kwargs.n" if validate else "n"), 1))
+            rollout = self.config.actor_rollout_ref.rollout
+            n = rollout.val_kwargs.n if validate else rollout.n
         if hasattr(self.inner, "max_response_length"):
             budget = int(self.inner.max_response_length())
         else:
-            budget = int(select(self.config, "data.max_response_length"))
+            budget = self.config.data.max_response_length
         return n, budget
 
     def _prompt(self, batch: Any, row: int, messages: Any) -> List[int]:
@@ -127,10 +128,9 @@ class MultiTurnRollout:
         n, budget = self._sizes(validate)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
             tokenizer.eos_token_id
-        loop = ToolLoop(tokenizer, self.tools, budget, self.fmt,
-                        select(self.config, f"{KEY}.max_assistant_turns"),
-                        select(self.config, f"{KEY}.max_user_turns"),
-                        int(select(self.config, f"{KEY}.max_parallel_calls", 1)))
+        turns = self.config.actor_rollout_ref.rollout.multi_turn
+        loop = ToolLoop(tokenizer, self.tools, budget, self.fmt, turns.max_assistant_turns,
+                        turns.max_user_turns, turns.max_parallel_calls)
         keys = set(batch.keys())
         raw = protocol.get_non_tensor(batch, RAW_PROMPT) if RAW_PROMPT in keys else None
         extra = protocol.get_non_tensor(batch, EXTRA_INFO) if EXTRA_INFO in keys else None
