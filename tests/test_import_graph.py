@@ -34,8 +34,6 @@ ENGINE_BACKENDS = {
 SURFACE_DOC = ROOT / "docs" / "architecture.md"
 SURFACE_HEADING = "## Core's public surface for engines"
 PLUGIN_DISTS = ("siirl-engine", "siirl-envs")
-# Outside the surface and on its way out of every package (issue 31: config typed once).
-LEAVING = ("siirl.execution.config_select",)
 
 
 @dataclass
@@ -261,7 +259,7 @@ def outside_surface(modules: Dict[str, Module], surface: List[str]) -> List[str]
             for m in modules.values() if m.dist in PLUGIN_DISTS
             for imp in m.imports
             if imp.ours and modules[imp.target].dist == "siirl-core"
-            and imp.target not in surface and imp.target not in LEAVING]
+            and imp.target not in surface]
 
 
 def _where(module: Module, imp: Import) -> str:
