@@ -84,6 +84,7 @@ class ConfigSection:
     # parallel peers; None: not a usable size); without it, 1: every worker is a data
     # parallel rank of the role
     model_parallel: Optional[Callable[[Any], Optional[int]]] = None
+    model_parallel_keys: str = ""  # the keys that set it, as messages name them
     # (importable module, package, pip line) the backend needs where a role runs on it,
     # named by the validation pass when this machine lacks it
     requires: Tuple[str, ...] = ()

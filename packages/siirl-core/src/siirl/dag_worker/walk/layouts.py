@@ -2,11 +2,12 @@
 
 A node that runs a model has the layout of its engine: the rollout groups
 ``actor_rollout_ref.rollout.tensor_model_parallel_size`` consecutive workers into one
-tensor-parallel group that reads the same rows; a megatron actor/reference groups its
-tensor x pipeline x context parallel peers (consecutive ranks, as megatron orders them);
-FSDP nodes (actor, reference, critic) are data parallel, one row share per worker, or with
-Ulysses sequence parallelism (``ulysses_sequence_parallel_size`` s) per group of s
-consecutive workers, which split each sequence between them.
+tensor-parallel group that reads the same rows; an actor/reference or critic on a backend
+whose config section gives a model-parallel group (``ConfigSection.model_parallel``: a
+megatron one's tensor x pipeline x context parallel peers, consecutive ranks as megatron
+orders them) groups those peers; the other nodes of those roles (fsdp) are data parallel, one
+row share per worker, or with Ulysses sequence parallelism (``ulysses_sequence_parallel_size``
+s) per group of s consecutive workers, which split each sequence between them.
 Every other node (reward, advantage, filters, custom functions) works where its first
 parent's rows are.
 Between a parent and a child with different layouts the DAGWorker's DataBuffer moves the
@@ -22,15 +23,19 @@ from siirl.data_coordinator.data_buffer import Layout
 from siirl.errors import ConfigError
 from siirl.execution.dag.node import NodeRole
 from siirl.execution.dag.task_graph import TaskGraph
+from siirl.params.sections import section_selected_by
 
 # node role -> config key of the model-parallel size whose peers share rows
 _MODEL_PARALLEL_KEYS = {
     NodeRole.ROLLOUT: "actor_rollout_ref.rollout.tensor_model_parallel_size",
 }
 _DATA_PARALLEL_ROLES = (NodeRole.ACTOR, NodeRole.REFERENCE, NodeRole.CRITIC)
-_MEGATRON = "actor_rollout_ref.actor.megatron"
-_MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                   "context_parallel_size")
+# node role -> the key picking its backend (the reference runs in the actor's parallel state)
+_STRATEGY_KEYS = {
+    NodeRole.ACTOR: "actor_rollout_ref.actor.strategy",
+    NodeRole.REFERENCE: "actor_rollout_ref.actor.strategy",
+    NodeRole.CRITIC: "critic.strategy",
+}
 # node role -> the Ulysses size key of its FSDP engine (the reference runs in the actor's)
 _ULYSSES_KEYS = {
     NodeRole.ACTOR: "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -42,25 +47,30 @@ _ULYSSES_KEYS = {
 def sequence_parallel_sizes(config: Any) -> tuple:
     """The Ulysses group sizes above 1 that the FSDP engines of ``config`` use."""
     sizes = set()
-    for role, engine in ((NodeRole.ACTOR, config.actor_rollout_ref.actor),
-                         (NodeRole.CRITIC, config.critic)):
-        if engine.strategy != "megatron":
+    for role in (NodeRole.ACTOR, NodeRole.CRITIC):
+        if _backend_group(role, config) is None:
             sizes.add(int(attrgetter(_ULYSSES_KEYS[role])(config) or 1))
     return tuple(sorted(s for s in sizes if s > 1))
 
 
+def _backend_group(role: NodeRole, config: Any) -> Optional[tuple]:
+    """(size, keys) of the model-parallel group the backend of ``role`` lays rows out over
+    (its section's ``model_parallel``), or None: data parallel (with Ulysses groups)."""
+    section = section_selected_by(_STRATEGY_KEYS[role], config) \
+        if role in _STRATEGY_KEYS else None
+    if section is None or section.model_parallel is None:
+        return None
+    return section.model_parallel(config) or 1, section.model_parallel_keys
+
+
 def _model_parallel(role: NodeRole, config: Any) -> tuple:
-    """(size, config key) of the group of workers that read the same rows at this node: a
-    megatron actor/reference/critic's TP x PP x CP peers (all share the actor's megatron
-    parallel state), the rollout's tensor-parallel peers, else 1."""
-    megatron_actor = config.actor_rollout_ref.actor.strategy == "megatron"
-    megatron_critic = config.critic.strategy == "megatron"
-    if (role in (NodeRole.ACTOR, NodeRole.REFERENCE) and megatron_actor) or \
-            (role is NodeRole.CRITIC and megatron_critic):
-        size = 1
-        for key in _MEGATRON_SIZES:
-            size *= int(attrgetter(f"{_MEGATRON}.{key}")(config) or 1)
-        return size, f"{_MEGATRON}.tensor_model_parallel_size (x pipeline x context)"
+    """(size, config key) of the group of workers that read the same rows at this node: the
+    model-parallel peers of an actor/reference/critic's backend (a megatron one's TP x PP x
+    CP, all sharing the actor's parallel state), the rollout's tensor-parallel peers, else 1
+    (or the Ulysses group)."""
+    group = _backend_group(role, config)
+    if group is not None:
+        return group
     key = _MODEL_PARALLEL_KEYS.get(role) or _ULYSSES_KEYS.get(role)
     return (int(attrgetter(key)(config) or 1) if key else 1), key
 

@@ -208,5 +208,6 @@ SECTION = ConfigSection(
     rules=megatron_rules,
     constraints=megatron_constraints,
     model_parallel=model_parallel,
+    model_parallel_keys=f"{ACTOR}.megatron.tensor_model_parallel_size (x pipeline x context)",
     requires=("megatron.core", "megatron-core", install_hint("siirl.engines", "megatron")),
 )
