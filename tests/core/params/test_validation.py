@@ -194,10 +194,11 @@ def test_registered_names_are_left_to_user_code_that_may_register_them():
 
 def test_every_rule_names_schema_keys():
     from siirl.params.key_support import leaf_defaults
+    from siirl.params.sections import section_value_rules
     from siirl.params.value_rules import RULES, USER_CODE_KEYS, registries
 
     leaves = leaf_defaults()
-    for rule in RULES:
+    for rule in (*RULES, *section_value_rules()):
         for pattern in rule.patterns:
             assert fnmatch.filter(leaves, pattern), pattern
     for key in [k for keys, _ in registries() for k in keys] + list(USER_CODE_KEYS):

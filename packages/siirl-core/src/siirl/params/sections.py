@@ -32,8 +32,8 @@ from siirl.plugins import available, load_plugin
 # and constraints read: all a section's module imports from core besides the rule modules
 __all__ = ["GROUP", "ConfigSection", "Mount", "applying_mounts", "custom_workflow",
            "installed_sections", "mounted_at", "role_runs", "section_applies",
-           "section_constraints", "section_rules", "section_selected_by", "size", "workers",
-           "workers_text"]
+           "section_constraints", "section_rules", "section_selected_by",
+           "section_value_rules", "size", "workers", "workers_text"]
 
 GROUP = "siirl.config"
 
@@ -85,6 +85,8 @@ class ConfigSection:
     # parallel rank of the role
     model_parallel: Optional[Callable[[Any], Optional[int]]] = None
     model_parallel_keys: str = ""  # the keys that set it, as messages name them
+    # the range of each of its keys on its own (siirl.params.value_rules.ValueRule)
+    value_rules: Tuple[Any, ...] = ()
     # (importable module, package, pip line) the backend needs where a role runs on it,
     # named by the validation pass when this machine lacks it
     requires: Tuple[str, ...] = ()
@@ -175,6 +177,12 @@ def section_rules() -> Tuple[Rule, ...]:
             rules.append(_not_applying(section, mount))
             rules += [_while_applying(rule, section, mount) for rule in section.rules(mount)]
     return tuple(rules)
+
+
+def section_value_rules() -> Tuple[Any, ...]:
+    """Every installed section's value rules (the ranges of its keys)."""
+    return tuple(rule for section in installed_sections().values()
+                 for rule in section.value_rules)
 
 
 def section_constraints(config: Any) -> List[str]:

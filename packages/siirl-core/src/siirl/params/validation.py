@@ -32,6 +32,7 @@ from siirl.params.key_support import (
 )
 from siirl.params.machine import device_problems, machine_view, package_problems, run_device
 from siirl.params.rollout_settings import rollout_problems
+from siirl.params.sections import section_value_rules
 from siirl.params.value_rules import RULES, USER_CODE_KEYS, ValueRule, is_number, registries
 
 __all__ = ["InvalidConfigError", "config_problems", "format_problems", "name_problems",
@@ -69,7 +70,8 @@ def show(value: Any) -> str:
 
 @cache
 def rules_for(key: str) -> Tuple[ValueRule, ...]:
-    return tuple(r for r in RULES if any(fnmatch.fnmatchcase(key, p) for p in r.patterns))
+    return tuple(r for r in (*RULES, *section_value_rules())
+                 if any(fnmatch.fnmatchcase(key, p) for p in r.patterns))
 
 
 def _lookup(values: Dict[str, Any], key: str, missing: Any) -> Any:

@@ -19,6 +19,7 @@ from siirl.params.sections import (
     workers,
     workers_text,
 )
+from siirl.params.value_rules import at_least
 
 # also the engine's own refusal (siirl.engine.fsdp.offload), for engines built without
 # the validation pass
@@ -133,4 +134,5 @@ SECTION = ConfigSection(
     label="FSDP",
     rules=fsdp_rules,
     constraints=fsdp_constraints,
+    value_rules=(at_least(-1, "*.fsdp_config.fsdp_size", " (-1: all workers)"),),
 )

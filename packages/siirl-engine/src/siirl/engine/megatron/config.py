@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount, size, workers, workers_text
+from siirl.params.value_rules import at_least
 from siirl.plugins import install_hint
 
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
@@ -209,5 +210,11 @@ SECTION = ConfigSection(
     constraints=megatron_constraints,
     model_parallel=model_parallel,
     model_parallel_keys=f"{ACTOR}.megatron.tensor_model_parallel_size (x pipeline x context)",
+    # tensor_model_parallel_size: core's rule on every *tensor_model_parallel_size
+    value_rules=(at_least(1, ("*.megatron.pipeline_model_parallel_size",
+                              "*.megatron.context_parallel_size",
+                              "*.megatron.expert_model_parallel_size")),
+                 at_least(1, ("*.megatron.virtual_pipeline_model_parallel_size",
+                              "*.megatron.expert_tensor_parallel_size"), " (or null)")),
     requires=("megatron.core", "megatron-core", install_hint("siirl.engines", "megatron")),
 )

@@ -13,6 +13,7 @@ from siirl.engine.fsdp.config import FSDPArguments
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount
+from siirl.params.value_rules import above, at_least, one_of
 
 
 @dataclass
@@ -150,4 +151,7 @@ SECTION = ConfigSection(
 JUDGE_SECTION = ConfigSection(
     schema=GenerativeJudgeArguments,
     mounts=(Mount("reward_model.judge", "reward_model", after="rm_weight"),),
+    value_rules=(at_least(1, "reward_model.judge.max_new_tokens"),
+                 above(0, "reward_model.judge.max_score"),
+                 one_of(("rollout", "model"), "reward_model.judge.source")),
 )

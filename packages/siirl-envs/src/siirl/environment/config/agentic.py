@@ -11,6 +11,7 @@ from typing import Any, List
 
 from siirl.params.key_conditions import get
 from siirl.params.sections import ConfigSection, Mount, size
+from siirl.params.value_rules import at_least
 
 R = "actor_rollout_ref.rollout"
 
@@ -112,6 +113,9 @@ def scheduler_problems(config: Any) -> List[str]:
 ENV_MANAGER = ConfigSection(
     schema=EnvManagerArguments,
     mounts=(Mount("env_manager", "agentic", after="custom_envs"),),
+    value_rules=(at_least(1, ("env_manager.max_actions_per_traj",
+                              "env_manager.max_episode_tokens")),
+                 at_least(1, "env_manager.max_tokens_per_step", " (or null)")),
 )
 ENV_SCHEDULER = ConfigSection(
     schema=RolloutSchedulerArguments,
