@@ -273,13 +273,12 @@ def test_the_causal_mask_keeps_packed_sequences_apart():
 def test_the_split_roles_lay_their_rows_out_per_group():
     """The actor, the reference (in the actor's groups) and the critic read one row share
     per Ulysses group; the rollout and reward stay one share per worker."""
-    from omegaconf import OmegaConf
-
     from siirl.dag_worker.walk.layouts import node_layouts, sequence_parallel_sizes
     from siirl.data_coordinator.data_buffer import Layout
     from siirl.execution.dag.builtin_pipelines import ppo_pipeline
+    from siirl.params.typed import to_typed
 
-    config = OmegaConf.create({
+    config = to_typed({
         "actor_rollout_ref": {"actor": {"ulysses_sequence_parallel_size": 2}},
         "critic": {"ulysses_sequence_parallel_size": 4}})
     graph = ppo_pipeline()

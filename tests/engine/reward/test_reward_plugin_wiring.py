@@ -3,13 +3,13 @@
 from types import SimpleNamespace
 
 import pytest
-from omegaconf import OmegaConf
 from reward_fakes import CharTokenizer, make_reward_batch
 
 from siirl.dag_worker.walk.engine_api import RewardEngine
 from siirl.dag_worker.walk.engines import WorkerEngines
 from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.engine.reward_manager.naive import NaiveRewardManager
+from siirl.params.typed import to_typed
 from siirl.plugins import available, load_plugin, register, unregister
 
 
@@ -21,7 +21,7 @@ def local_plugin():
 
 
 def test_worker_engines_build_reward_manager(local_plugin):
-    config = OmegaConf.create({"reward_model": {"reward_manager": local_plugin}})
+    config = to_typed({"reward_model": {"reward_manager": local_plugin}})
     worker = SimpleNamespace()
     worker.engines = WorkerEngines(config, worker)
     worker.engines.set("actor", SimpleNamespace(tokenizer=CharTokenizer()))
