@@ -35,6 +35,7 @@ class FileReads:
     attr_paths: Set[str] = field(default_factory=set)  # "cfg.trainer.seed" chains
     aliases: Dict[str, str] = field(default_factory=dict)  # name -> what was assigned to it
     names: Set[str] = field(default_factory=set)  # identifiers and dotted-key segments
+    whole_keys_only: bool = False  # aliases.py: only its reads of whole keys count
 
     def mentions(self, group: str) -> bool:
         return any(group in name for name in self.names)
@@ -117,7 +118,10 @@ def scanned() -> List[FileReads]:
     files = sorted(p for src in (REPO / "packages").glob("*/src") for p in src.rglob("*.py")
                    if ("siirl/params" not in p.as_posix() or p.name == "aliases.py") and
                    p.resolve() not in sections)
-    return [_scan(p) for p in files]
+    scans = [_scan(p) for p in files]
+    for f in scans:
+        f.whole_keys_only = f.path.name == "aliases.py"
+    return scans
 
 
 def _attr_reads(f: FileReads, path: str, parent: str, leaf: str) -> bool:
@@ -143,6 +147,8 @@ def reads_directly(key: str) -> List[Path]:
         if any(p.endswith("." + key) for p in f.attr_paths):  # cfg.trainer.seed
             found.append(f.path)
             continue
+        if f.whole_keys_only:
+            continue
         by_string = any(s == leaf or s.endswith("." + leaf) for s in f.keys)
         by_attr = any(_attr_reads(f, p, parent, leaf) for p in f.attr_paths)
         if (by_string or by_attr) and (not parent or f.mentions(parent)):
@@ -155,8 +161,9 @@ def names_exactly(key: str) -> List[Path]:
     that after a placeholder prefix (``f"{ROLLOUT}.multi_turn.enable"``)."""
     tail = ".".join(key.split(".")[-2:])
     return [f.path for f in scanned()
-            if any(s in (key, tail) or (s.startswith("{}") and s.endswith("." + tail))
-                   for s in f.keys) or any(p.endswith("." + key) for p in f.attr_paths)]
+            if (key in f.keys if f.whole_keys_only else
+                any(s in (key, tail) or (s.startswith("{}") and s.endswith("." + tail))
+                    for s in f.keys)) or any(p.endswith("." + key) for p in f.attr_paths)]
 
 
 def interpolation_sources(defaults: Dict[str, object]) -> Dict[str, Set[str]]:
