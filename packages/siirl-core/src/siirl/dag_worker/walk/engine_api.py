@@ -1,11 +1,12 @@
 """What a plugin must provide for each role a DAGWorker runs.
 
 An entry point in ``siirl.engines``, ``siirl.rollouts`` or ``siirl.reward_managers`` names a
-factory ``factory(role: str, config: DictConfig, worker: DAGWorker) -> engine`` whose result
-has the methods below; a factory that names a ``peers`` keyword also gets the engines built
-before it (``{"actor": ..., ...}``: the actor is built first), so engines are wired
-explicitly; a factory attribute ``peer_roles = ("actor",)`` has the worker build that peer
-even for a graph without an actor node. Optional, for the weight-sync step: an actor's
+factory ``factory(role: str, config: SiiRLArguments, worker: DAGWorker) -> engine`` (the
+run's typed config, or its agent group's) whose result has the methods below; a factory
+that names a ``peers`` keyword also gets the engines built before it (``{"actor": ...,
+...}``: the actor is built first), so engines are wired explicitly; a factory attribute
+``peer_roles = ("actor",)`` has the worker build that peer even for a graph without an
+actor node. Optional, for the weight-sync step: an actor's
 ``weight_version`` and ``export_weights(bucket_bytes)``, a rollout's
 ``load_weights(buckets) -> bytes``.
 
