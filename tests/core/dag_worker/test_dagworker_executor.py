@@ -251,11 +251,11 @@ def test_kwargs_are_filtered_by_signature():
     worker.execute_task_graph()
     assert _calls("config") == [worker.config]  # the config typed once, by the worker
     (node,) = _calls("node")
-    assert isinstance(node, Node) and node.node_id == "nd" and node is graph.nodes["nd"]
+    assert isinstance(node, Node) and node.node_id == "nd" and node is worker.taskgraph.nodes["nd"]
     assert _calls("worker") == [worker]
     (kwargs,) = _calls("kwargs")
     assert set(kwargs) == {"node", "worker"}
-    assert kwargs["worker"] is worker and kwargs["node"] is graph.nodes["kw"]
+    assert kwargs["worker"] is worker and kwargs["node"] is worker.taskgraph.nodes["kw"]
 
 
 # ---- steps -----------------------------------------------------------------------------

@@ -10,9 +10,9 @@ uses the KL of the whole global batch, so every worker's coefficient stays the s
 
 Several workers train like one: the estimators' batch-wide statistics, the KL controller's
 input and the advantage metrics are sums over the rows of every worker that runs the
-graph (``batch_reduction``; a tensor-parallel peer holding a copy of another's rows adds
-nothing), and prompt groups, which the estimators normalise within, are checked to be
-whole on one worker.
+graph (``core_algos.batch_reduction.reduction_for``; a tensor-parallel peer holding a copy
+of another's rows adds nothing), and prompt groups, which the estimators normalise
+within, are checked to be whole on one worker.
 """
 
 from __future__ import annotations
@@ -54,25 +54,6 @@ class GlobalKLController:
         kl_sum, rows = self.reduction.sum([float(current_kl) * int(n_steps), int(n_steps)])
         self.current_kl = float(kl_sum) / max(float(rows), 1.0)
         self.inner.update(self.current_kl, int(rows))
-
-
-def batch_reduction(worker: Any, node: Any = None) -> Any:
-    """Sums over the rows of every worker running this worker's graph (the one-worker
-    no-op when it runs alone); a worker holding a tensor-parallel peer's copy of the rows
-    at ``node`` adds nothing."""
-    from siirl.dag_worker.core_algos.batch_reduction import LOCAL, WorkerReduction
-    from siirl.dag_worker.walk.collective import WorkerComm
-
-    groups = getattr(worker, "process_groups", None)
-    if groups is not None:
-        comm = WorkerComm(groups.group_rank, groups.group_size, groups.control_group)
-    else:
-        comm = getattr(worker, "comm", None)
-    if comm is None or not comm.active:
-        return LOCAL
-    holds = getattr(worker, "holds_rows_of", None)
-    contributes = holds(node.node_id) if node is not None and holds is not None else True
-    return WorkerReduction(comm, contributes)
 
 
 def check_groups_whole(index: Any, reduction: Any) -> None:
@@ -129,9 +110,10 @@ def compute_advantage(worker: Any, batch: Any, config: Any, node: Any = None,
     statistics over every worker's rows (``reduction``: built from ``worker`` and
     ``node`` unless given)."""
     from siirl.dag_worker import core_algos
+    from siirl.dag_worker.core_algos.batch_reduction import reduction_for
 
     if reduction is None:
-        reduction = batch_reduction(worker, node)
+        reduction = reduction_for(worker, node)
     metrics: Dict[str, Any] = {}
     if config.algorithm.use_kl_in_reward:
         _require_log_probs(batch, node)
