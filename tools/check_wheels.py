@@ -25,7 +25,8 @@ ROOTS = {"siirl-data": "siirl.data_coordinator", "siirl-core": "siirl.execution"
 
 # Imports every module the installed siirl distributions ship (listed from their RECORDs,
 # so nothing is imported while searching), data and core first, then checks the one-way
-# rule: importing all of siirl-data and siirl-core loads no siirl.engine/siirl.environment.
+# rule: importing all of siirl-data and siirl-core loads no siirl.engine/siirl.environment
+# module beyond the config sections they register.
 IMPORT_ALL = r"""
 import importlib, importlib.metadata as md, importlib.util, sys
 def modules(dist):
@@ -40,10 +41,16 @@ def modules(dist):
             name = ".".join(parts)[:-3]
             names.append(name[: -len(".__init__")] if name.endswith(".__init__") else name)
     return sorted(names)
+# The config sections engines and environments register (entry-point group siirl.config)
+# are the one way core reaches them while it parses: what loading them imports is allowed.
+for ep in md.entry_points(group="siirl.config"):
+    ep.load()
+plugin_roots = ("siirl.engine", "siirl.environment")
+sections = {m for m in sys.modules if m.startswith(plugin_roots)}
 lower = modules("siirl-data") + modules("siirl-core")
 for name in lower:
     importlib.import_module(name)
-leaked = [m for m in sys.modules if m.startswith(("siirl.engine", "siirl.environment"))]
+leaked = [m for m in sys.modules if m.startswith(plugin_roots) and m not in sections]
 assert not leaked, f"siirl-core/siirl-data imported {leaked}"
 upper = modules("siirl-engine") + modules("siirl-envs")
 has_megatron = importlib.util.find_spec("megatron") is not None
