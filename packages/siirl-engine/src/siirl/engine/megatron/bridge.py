@@ -1,4 +1,5 @@
-"""Hugging Face <-> megatron-core weights for Llama / Qwen2, for any TP / PP layout.
+"""Hugging Face <-> megatron-core weights for Llama / Qwen2 / Qwen3 and the Qwen3-MoE /
+Mixtral experts, for any TP / PP layout.
 
 Every megatron parameter of a stage is one :class:`Entry`: its megatron key, the HF tensors
 it is built from, and how it is sharded over TP ranks. Conversions are pure slicing and
@@ -13,6 +14,13 @@ concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16
 * RMSNorm weights are replicated. With the local spec they are ``input_layernorm`` /
   ``pre_mlp_layernorm``; with the Transformer Engine spec they are fused into
   ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``.
+* Qwen3's QK-norms (``q_norm`` / ``k_norm``, one weight of head_dim shared by all heads) are
+  megatron's replicated ``q_layernorm`` / ``k_layernorm``.
+* MoE layers: the router ``mlp.gate.weight`` is megatron's replicated ``mlp.router.weight``;
+  expert ``e`` of HF's fused ``mlp.experts.gate_up_proj[e]`` (``[gate; up]``) and
+  ``down_proj[e]`` are ``mlp.experts.local_experts.e.linear_fc1`` / ``linear_fc2``, split over
+  TP like a dense layer's fc1 / fc2 (expert TP = TP). HF's stacked tensor is rebuilt from all
+  experts' entries (entries of one HF tensor are consecutive).
 * Layers are split evenly over PP stages (stage p holds global layers ``p*L/pp ...``); the
   embedding lives on the first stage, ``final_layernorm`` / ``output_layer`` on the last.
   With tied embeddings and PP > 1 the last stage holds a copy of the embedding as
@@ -21,14 +29,22 @@ concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from siirl.engine.common.weight_sync import buckets_of
 
-from .model import has_qkv_bias, head_dim, padded_vocab_size, stage_layer_counts, unwrap_model
+from .model import (
+    has_qk_norm,
+    has_qkv_bias,
+    head_dim,
+    padded_vocab_size,
+    stage_layer_counts,
+    unwrap_model,
+)
+from .moe import is_moe, num_experts
 
 __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
            "megatron_to_hf", "stage_entries", "stage_layer_counts"]
@@ -38,8 +54,23 @@ __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf
 class Entry:
     mcore: str              # megatron key, layer index local to the stage
     hf: tuple[str, ...]     # HF tensors it is built from (several for fused ones)
-    kind: str               # replicated | column | row | vocab | qkv | fc1
+    kind: str               # replicated | column | row | vocab | qkv | fc1 | (expert_)fc1/row
     export: bool = True     # False: a duplicate (tied output layer) not exported to HF
+    expert: int | None = None  # index into HF's stacked expert tensor (hf[0]); None: whole
+
+
+def _mlp_entries(hf_config, m: str, h: str) -> list[Entry]:
+    """The MLP of one layer (after its norm): SwiGLU, or router and SequentialMLP experts."""
+    if not is_moe(hf_config):
+        return [Entry(m + "mlp.linear_fc1.weight",
+                      (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
+                Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row")]
+    experts, local = range(num_experts(hf_config)), m + "mlp.experts.local_experts."
+    return ([Entry(m + "mlp.router.weight", (h + "mlp.gate.weight",), "replicated")]
+            + [Entry(f"{local}{e}.linear_fc1.weight", (h + "mlp.experts.gate_up_proj",), "fc1",
+                     expert=e) for e in experts]
+            + [Entry(f"{local}{e}.linear_fc2.weight", (h + "mlp.experts.down_proj",), "row",
+                     expert=e) for e in experts])
 
 
 def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
@@ -62,7 +93,8 @@ def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,
         m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
         ln_in = "self_attention.linear_qkv.layer_norm_weight" if te_layout else \
             "input_layernorm.weight"
-        ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te_layout else "pre_mlp_layernorm.weight"
+        ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te_layout and not is_moe(hf_config) \
+            else "pre_mlp_layernorm.weight"  # TE fuses no norm into a MoE layer
         entries += [
             Entry(m + ln_in, (h + "input_layernorm.weight",), "replicated"),
             Entry(m + "self_attention.linear_qkv.weight",
@@ -71,13 +103,14 @@ def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,
         if has_qkv_bias(hf_config):
             entries.append(Entry(m + "self_attention.linear_qkv.bias",
                                  tuple(f"{h}self_attn.{n}.bias" for n in qkv_names), "qkv"))
+        if has_qk_norm(hf_config):
+            entries += [Entry(f"{m}self_attention.{n}_layernorm.weight",
+                              (f"{h}self_attn.{n}_norm.weight",), "replicated") for n in "qk"]
         entries += [
             Entry(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",),
                   "row"),
             Entry(m + ln_mlp, (h + "post_attention_layernorm.weight",), "replicated"),
-            Entry(m + "mlp.linear_fc1.weight",
-                  (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
-            Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row"),
+            *_mlp_entries(hf_config, m, h),
         ]
     if last:
         entries.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",),
@@ -98,6 +131,10 @@ def _qkv_groups(hf_config) -> tuple[int, int, int]:
 def _shard(entry: Entry, tensors: list[torch.Tensor], hf_config, tp_rank: int, tp_size: int,
            vocab_divisible_by: int) -> torch.Tensor:
     kind = entry.kind
+    if entry.expert is not None:  # this expert's slice of HF's stacked tensor
+        tensors = [tensors[0][entry.expert]]
+        if kind == "fc1":
+            tensors = list(tensors[0].chunk(2, dim=0))  # [gate; up]
     if kind == "replicated":
         return tensors[0].clone()
     if kind == "column":
@@ -128,6 +165,8 @@ def _shard(entry: Entry, tensors: list[torch.Tensor], hf_config, tp_rank: int, t
 def _merge(entry: Entry, shards: Sequence[torch.Tensor], hf_config) -> list[torch.Tensor]:
     """Inverse of :func:`_shard`: the full HF tensors of ``entry`` from all TP ranks' shards."""
     kind = entry.kind
+    if entry.expert is not None and kind == "fc1":  # one expert's [gate; up]
+        return [torch.cat(_merge(Entry(entry.mcore, entry.hf * 2, "fc1"), shards, hf_config))]
     if kind == "replicated":
         return [shards[0]]
     if kind == "column":
@@ -146,6 +185,25 @@ def _merge(entry: Entry, shards: Sequence[torch.Tensor], hf_config) -> list[torc
         q, k, v = fused.split([per_group * dim, dim, dim], dim=1)
         return [t.reshape(-1, *rest).contiguous() for t in (q, k, v)]
     raise ValueError(f"unknown shard kind {kind!r}")
+
+
+def _hf_tensors(entries: Iterable[Entry], merged_of: Callable[[Entry], list[torch.Tensor]],
+                hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(HF name, full tensor)`` of every exported entry, ``merged_of(entry)`` giving its
+    merged tensors; experts' slices are stacked into HF's tensor after the last expert."""
+    pending: dict[str, list[torch.Tensor]] = {}
+    for entry in entries:
+        if not entry.export:
+            continue
+        merged = merged_of(entry)
+        if entry.expert is None:
+            yield from zip(entry.hf, merged, strict=True)
+            continue
+        pending.setdefault(entry.hf[0], []).append(merged[0])
+        if entry.expert == num_experts(hf_config) - 1:
+            yield entry.hf[0], torch.stack(pending.pop(entry.hf[0]))
+    if pending:
+        raise ValueError(f"experts missing from {sorted(pending)}")
 
 
 def hf_to_megatron(hf_state_dict: dict[str, torch.Tensor], hf_config, tp_rank: int = 0,
@@ -167,13 +225,9 @@ def megatron_to_hf(tp_shards: Sequence[dict[str, torch.Tensor]], hf_config, pp_r
     """Full HF tensors of PP stage ``pp_rank`` from its TP ranks' state dicts (in TP rank
     order). Stages hold disjoint HF names: merge the dicts of all stages for the whole model.
     With tied embeddings no ``lm_head.weight`` is produced (HF ties it to the embedding)."""
-    te_layout = _is_te_layout(tp_shards[0])
-    out = {}
-    for entry in stage_entries(hf_config, pp_rank, pp_size, te_layout):
-        if entry.export:
-            out.update(zip(entry.hf, _merge(entry, [s[entry.mcore] for s in tp_shards],
-                                             hf_config), strict=True))
-    return out
+    entries = stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(tp_shards[0]))
+    return dict(_hf_tensors(
+        entries, lambda e: _merge(e, [s[e.mcore] for s in tp_shards], hf_config), hf_config))
 
 
 def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tensor], hf_config,
@@ -231,17 +285,15 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
     local = {k: v for k, v in unwrap_model(model).state_dict().items()
              if isinstance(v, torch.Tensor)}
 
-    def named_tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for entry in stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local)):
-            if not entry.export:
-                continue
-            shard = local[entry.mcore].detach()
-            if tp_size > 1 and entry.kind != "replicated":
-                shards = [torch.empty_like(shard) for _ in range(tp_size)]
-                dist.all_gather(shards, shard.contiguous(), group=tp_group)
-            else:
-                shards = [shard.clone() if entry.kind == "replicated" else shard]
-            yield from zip(entry.hf, _merge(entry, shards, hf_config), strict=True)
+    def gathered(entry: Entry) -> list[torch.Tensor]:
+        shard = local[entry.mcore].detach()
+        if tp_size > 1 and entry.kind != "replicated":
+            shards = [torch.empty_like(shard) for _ in range(tp_size)]
+            dist.all_gather(shards, shard.contiguous(), group=tp_group)
+        else:
+            shards = [shard.clone() if entry.kind == "replicated" else shard]
+        return _merge(entry, shards, hf_config)
 
     # gathered lazily, one entry at a time, as the buckets fill
-    yield from buckets_of(named_tensors(), bucket_bytes)
+    entries = stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local))
+    yield from buckets_of(_hf_tensors(entries, gathered, hf_config), bucket_bytes)

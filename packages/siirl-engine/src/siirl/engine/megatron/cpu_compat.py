@@ -371,5 +371,8 @@ def enable_cpu_mode(force: bool = False) -> bool:
     _patch_tied_embedding_setup()
     _patch_clip_grads()
     _patch_distrib_optimizer_param_types()
+    from siirl.engine.megatron.cpu_compat_moe import enable_moe_cpu_mode
+
+    enable_moe_cpu_mode()  # the MoE layer's (siirl.engine.megatron.cpu_compat_moe)
     _ENABLED = True
     return True

@@ -1,4 +1,5 @@
-"""Build megatron-core GPTModels from Hugging Face Llama / Qwen2 configs, and run them the way
+"""Build megatron-core GPTModels from Hugging Face Llama / Qwen2 / Qwen3 (QK-norm) configs and
+Qwen3-MoE / Mixtral ones (:mod:`siirl.engine.megatron.moe`), and run them the way
 this repo feeds HF models (left-padded ``[B, S]`` batches with explicit ``position_ids``).
 
 Two deliberate departures from a stock GPTModel, both so that its log-probs match HF's:
@@ -23,6 +24,8 @@ from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_thi
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
+from siirl.engine.megatron.moe import check_moe, is_moe, moe_config_kwargs
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "HFPositionGPTModel", "build_gpt_model", "forward_logits",
            "hf_inv_freq", "layer_spec", "megatron_attention_mask", "padded_vocab_size",
            "transformer_config_from_hf", "unwrap_model"]
@@ -31,7 +34,12 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "HFPositionGPTModel", "build_gpt_model", "fo
 SUPPORTED_MODEL_TYPES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RotaryEmbedding"),
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRotaryEmbedding"),
+    "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralRotaryEmbedding"),
 }
+# RMSNorm over each head's queries and keys before RoPE (megatron's qk_layernorm)
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def _check_supported(hf_config) -> None:
@@ -39,18 +47,23 @@ def _check_supported(hf_config) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise NotImplementedError(f"no megatron mapping for model_type={model_type!r}; "
                                   f"supported: {sorted(SUPPORTED_MODEL_TYPES)}")
-    if model_type == "llama" and getattr(hf_config, "attention_bias", False):
+    if model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
         # HF then puts a bias on o_proj too; megatron has no "bias on linear_proj only".
-        raise NotImplementedError("Llama with attention_bias=True is not supported")
+        raise NotImplementedError(f"{model_type} with attention_bias=True is not supported")
     if getattr(hf_config, "mlp_bias", False):
         raise NotImplementedError("mlp_bias=True is not supported")
     if getattr(hf_config, "use_sliding_window", False):
         raise NotImplementedError("sliding-window attention is not supported")
+    check_moe(hf_config)
 
 
 def head_dim(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or (
         hf_config.hidden_size // hf_config.num_attention_heads)
+
+
+def has_qk_norm(hf_config) -> bool:
+    return hf_config.model_type in QK_NORM_MODEL_TYPES
 
 
 def has_qkv_bias(hf_config) -> bool:
@@ -100,6 +113,10 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, cp: int = 1,
     on for GPU runs. ``use_cpu_initialization`` defaults to "no CUDA available".
     """
     _check_supported(hf_config)
+    if is_moe(hf_config) and tp > 1 and not sequence_parallel:
+        raise ValueError(f"a {hf_config.model_type} model at tensor_model_parallel_size={tp} "
+                         "needs sequence_parallel=true (megatron's MoE layer refuses to train "
+                         "with TP and without sequence parallelism)")
     if use_cpu_initialization is None:
         use_cpu_initialization = not torch.cuda.is_available()
     kwargs = dict(
@@ -115,6 +132,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, cp: int = 1,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=has_qkv_bias(hf_config),
+        qk_layernorm=has_qk_norm(hf_config),
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
         attention_softmax_in_fp32=True,
@@ -134,6 +152,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, cp: int = 1,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         cuda_graph_scope=[],  # what megatron's default "full" becomes, minus its warning
+        **moe_config_kwargs(hf_config),
     )
     if pp > 1 and hf_config.num_hidden_layers % pp:
         counts = stage_layer_counts(hf_config.num_hidden_layers, pp)
@@ -147,16 +166,20 @@ def have_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(use_te: bool | None = None):
-    """Transformer Engine layer spec when TE is importable, else megatron's local spec. With
-    TE the two RMSNorms are fused into ``linear_qkv`` / ``linear_fc1`` (the bridge follows)."""
+def layer_spec(use_te: bool | None = None, config: TransformerConfig | None = None):
+    """Transformer Engine layer spec when TE is importable, else megatron's local spec, with
+    ``config``'s QK-norm and experts (megatron's SequentialMLP: no grouped GEMM). With TE the
+    dense layers' RMSNorms are fused into ``linear_qkv`` / ``linear_fc1`` (the bridge
+    follows)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te is None:
         use_te = have_transformer_engine()
+    kwargs = {} if config is None else dict(num_experts=config.num_moe_experts,
+                                            qk_layernorm=config.qk_layernorm)
     if use_te:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**kwargs)
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kwargs)
 
 
 def rope_from_position_ids(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -209,7 +232,7 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
     _check_supported(hf_config)
     if use_te is None:
         use_te = have_transformer_engine()
-    spec = layer_spec(use_te)
+    spec = layer_spec(use_te, config)
     if not use_te:  # megatron's torch-norm fallback cannot do sequence parallelism
         from siirl.engine.megatron.sequence_parallel import local_block_spec
 

@@ -27,9 +27,23 @@ class MegatronRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
+class MegatronQKNorm(torch.nn.RMSNorm):
+    """torch RMSNorm over each attention head's queries or keys (megatron's ``qk_layernorm``;
+    megatron's torch-norm fallback refuses sequence parallelism although attention sees whole
+    sequences). Its weight is replicated over TP while each rank normalises its own heads, so
+    its gradient is partial per rank: summed over TP like a sequence-parallel norm's (megatron's
+    ``finalize_model_grads`` does the same by name)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_unused: Any):
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.partial_over_tensor_parallel = True
+
+
 def local_block_spec(layer_spec: Any, config: Any, vp_stage: int | None = None) -> Any:
     """The decoder-block spec of this stage from megatron's local layer spec, with
-    :class:`MegatronRMSNorm` for the layer norms and the final norm."""
+    :class:`MegatronRMSNorm` for the layer norms and the final norm and
+    :class:`MegatronQKNorm` for QK-norms."""
+    from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
@@ -37,6 +51,10 @@ def local_block_spec(layer_spec: Any, config: Any, vp_stage: int | None = None) 
 
     layer_spec.submodules.input_layernorm = MegatronRMSNorm
     layer_spec.submodules.pre_mlp_layernorm = MegatronRMSNorm
+    attention = layer_spec.submodules.self_attention.submodules
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attention, name, IdentityOp) is not IdentityOp:
+            setattr(attention, name, MegatronQKNorm)
     return TransformerBlockSubmodules(
         layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
         layer_norm=MegatronRMSNorm)
@@ -48,11 +66,14 @@ def sequence_multiple(config: Any) -> int:
 
 
 def sum_sequence_parallel_grads(module: torch.nn.Module, tp_group: Any) -> None:
-    """Sum the gradients of weights marked ``sequence_parallel`` over the TP group."""
+    """Sum the gradients of weights marked ``sequence_parallel`` (and of QK-norm weights)
+    over the TP group."""
     if tp_group is None:
         return
     for param in module.parameters():
-        if getattr(param, "sequence_parallel", False) and param.grad is not None:
+        partial = getattr(param, "sequence_parallel", False) or getattr(
+            param, "partial_over_tensor_parallel", False)
+        if partial and param.grad is not None:
             dist.all_reduce(param.grad, group=tp_group)
 
 

@@ -1,0 +1,88 @@
+"""The CPU adapters of megatron-core 0.16's MoE layer (router, experts, token dispatchers),
+applied by :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` like the dense ones there:
+``torch`` is rebound inside the listed megatron modules only; megatron's files are not edited.
+
+* ``moe.router`` (``Router.gating`` moves the router weight "to the GPU" on every forward;
+  the aux-loss helpers allocate their scalars on the current device), ``moe.experts`` (expert
+  weights allocated on the current device without ``use_cpu_initialization``): the current
+  device names the CPU, where every tensor of the run already lives.
+* ``moe.moe_utils`` starts the aux-loss logging tracker with ``device="cuda"``: on the CPU.
+* ``moe.token_dispatcher``: the alltoall dispatcher copies its split sizes to the host on a
+  side CUDA stream and waits for that stream's event before the all-to-all. On the CPU the
+  tensors are already on the host and every copy is synchronous, so the stream, its context
+  and its event are no-ops (:class:`_HostStream`); the copies and the collectives (gloo's
+  ``all_to_all_single`` with uneven splits, ``all_gather``, ``reduce_scatter``) are megatron's.
+* ``moe_utils.RouterGatingLinearFunction`` tests ``te_general_gemm is not None``, a name that
+  megatron-core 0.16 defines only when Transformer Engine imports (a NameError without TE, on
+  any device): without TE it is None, so the router takes megatron's own ``torch.mm`` branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import torch
+
+from siirl.engine.megatron.cpu_compat import _CPU_TORCH, _CPU_TORCH_NO_CUDA_DEVICE, _CpuCuda
+
+
+class _HostStream:
+    """A CUDA stream where there is none: work issued "on" it is already done."""
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def record_event(self, event=None) -> _HostStream:
+        return self
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_event(self, event) -> None:
+        return None
+
+
+_HOST_STREAM = _HostStream()
+
+
+class _StreamlessCuda(_CpuCuda):
+    """_CpuCuda whose streams are the single host stream (see module doc)."""
+
+    @staticmethod
+    def Stream(*args, **kwargs) -> _HostStream:  # noqa: N802 (torch.cuda.Stream's name)
+        return _HOST_STREAM
+
+    @staticmethod
+    def current_stream(device=None) -> _HostStream:
+        return _HOST_STREAM
+
+    @staticmethod
+    def stream(stream) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+class _StreamlessTorch:
+    """``torch`` inside the token dispatcher: the real one but for ``torch.cuda``."""
+
+    cuda = _StreamlessCuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+# megatron module -> the torch stand-in it sees (why: module doc)
+_MOE_MODULES = {
+    "megatron.core.transformer.moe.router": _CPU_TORCH,
+    "megatron.core.transformer.moe.experts": _CPU_TORCH,
+    "megatron.core.transformer.moe.moe_utils": _CPU_TORCH_NO_CUDA_DEVICE,
+    "megatron.core.transformer.moe.token_dispatcher": _StreamlessTorch(),
+}
+
+
+def enable_moe_cpu_mode() -> None:
+    for module_name, stand_in in _MOE_MODULES.items():
+        importlib.import_module(module_name).torch = stand_in
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

@@ -1,0 +1,101 @@
+"""What megatron-core needs to build Qwen3-MoE and Mixtral models like Hugging Face's.
+
+Both architectures route each token to its top-k experts by a softmax router and sum the
+chosen SwiGLU experts' outputs weighted by the routing probabilities; neither has a shared
+expert. They differ only in whether the top-k probabilities are renormalised:
+
+* Mixtral (and Qwen3-MoE with ``norm_topk_prob=True``) renormalise: softmax over the top-k
+  logits, which is megatron's ``moe_router_pre_softmax=False``;
+* Qwen3-MoE with ``norm_topk_prob=False`` keeps the full-softmax probabilities of the chosen
+  experts: megatron's ``moe_router_pre_softmax=True``.
+
+Experts are megatron's local ``SequentialMLP`` (one ColumnParallel fc1 / RowParallel fc2 per
+expert, no grouped GEMM, which needs Transformer Engine or CUDA kernels), no token dropping
+(no capacity factor), router in float32. Hugging Face's load-balancing loss only enters
+training with ``output_router_logits=True``; megatron's ``aux_loss`` with the same
+coefficient then stands in for it (megatron's is the Switch-Transformer loss over the
+micro-batch's tokens, as HF's, except that HF leaves padding out).
+
+The bridge reads transformers >= 5's fused expert tensors (``mlp.experts.gate_up_proj``
+``[E, 2I, H]`` = ``[gate; up]`` per expert, ``mlp.experts.down_proj`` ``[E, H, I]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe", "moe_config_kwargs", "num_experts"]
+
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
+
+
+def is_moe(hf_config: Any) -> bool:
+    return getattr(hf_config, "model_type", None) in MOE_MODEL_TYPES
+
+
+def num_experts(hf_config: Any) -> int:
+    return int(getattr(hf_config, "num_experts", None) or hf_config.num_local_experts)
+
+
+def _expert_ffn_size(hf_config: Any) -> int:
+    if hf_config.model_type == "qwen3_moe":
+        return int(hf_config.moe_intermediate_size)
+    return int(hf_config.intermediate_size)
+
+
+def _renormalises_top_k(hf_config: Any) -> bool:
+    return hf_config.model_type == "mixtral" or bool(getattr(hf_config, "norm_topk_prob",
+                                                             False))
+
+
+def check_moe(hf_config: Any) -> None:
+    """Refuse the MoE variants the bridge cannot reproduce, each with the reason."""
+    if not is_moe(hf_config):
+        return
+    import transformers
+
+    name = f"{hf_config.model_type} model"
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise NotImplementedError(
+            f"the megatron bridge of a {name} maps transformers >= 5's fused expert tensors "
+            f"(mlp.experts.gate_up_proj / down_proj); transformers {transformers.__version__} "
+            "keeps one module per expert: upgrade transformers")
+    if getattr(hf_config, "mlp_only_layers", None) or int(
+            getattr(hf_config, "decoder_sparse_step", 1) or 1) != 1:
+        raise NotImplementedError(
+            f"a {name} mixing dense and expert layers (mlp_only_layers="
+            f"{getattr(hf_config, 'mlp_only_layers', None)}, decoder_sparse_step="
+            f"{getattr(hf_config, 'decoder_sparse_step', 1)}) is not mapped: every layer must "
+            "be an expert layer")
+    if float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0):
+        raise NotImplementedError(
+            f"router_jitter_noise={hf_config.router_jitter_noise}: HF scales the expert "
+            "input by the noise too, megatron's moe_input_jitter_eps only the router's; set "
+            "it to 0")
+    if int(hf_config.num_experts_per_tok) == 1 and _renormalises_top_k(hf_config):
+        raise NotImplementedError(
+            f"top-1 routing with renormalised probabilities (every weight 1) in a {name}: "
+            "megatron refuses it (zero router gradient)")
+
+
+def moe_config_kwargs(hf_config: Any) -> dict[str, Any]:
+    """TransformerConfig keys of the MoE layers (empty for a dense model)."""
+    if not is_moe(hf_config):
+        return {}
+    check_moe(hf_config)
+    aux_coeff = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0) \
+        if getattr(hf_config, "output_router_logits", False) else 0.0
+    return dict(
+        num_moe_experts=num_experts(hf_config),
+        moe_router_topk=int(hf_config.num_experts_per_tok),
+        moe_ffn_hidden_size=_expert_ffn_size(hf_config),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not _renormalises_top_k(hf_config),
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss" if aux_coeff else "none",
+        moe_aux_loss_coeff=aux_coeff,
+        moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_shared_expert_intermediate_size=None,
+    )
