@@ -268,3 +268,78 @@ def test_tp2_and_pp2_over_gloo_match_hf():
     context = mp.start_processes(rank_main, args=(2, free_port()), nprocs=2, join=False,
                                  start_method="spawn")
     join_spawned(context, "the 2-rank megatron Qwen3 / MoE run")
+
+
+def _ep2_checks(family: str, rank: int) -> float:
+    """EP=2 (megatron's alltoall dispatcher over gloo): each rank holds 2 of the 4 experts.
+    Rank r scores its own rows (the other rank's tokens reach its experts through the
+    all-to-all) and both ranks then score the whole batch: log-probs equal HF's. With the
+    whole batch on both ranks an expert's gradient sums both ranks' tokens: twice HF's,
+    while every other gradient is this rank's own (megatron's DDP averages those over data
+    parallelism). The HF export gathers the experts over EP."""
+    import torch.distributed as dist
+
+    from siirl.engine.megatron.model import build_gpt_model, forward_logits
+
+    hf = tiny_model(family)
+    megatron = build_gpt_model(hf.config)
+    load_hf_weights(megatron, hf.state_dict(), hf.config)
+    input_ids, attention_mask, position_ids = left_padded_batch(hf.config.vocab_size)
+    rows = slice(rank, rank + 2)  # uneven: rank 0 rows 0-1, rank 1 rows 1-2
+    with torch.no_grad():
+        own = forward_logits(megatron, input_ids[rows], position_ids[rows], attention_mask[rows])
+    ref = hf(input_ids=input_ids, attention_mask=attention_mask,
+             position_ids=position_ids).logits
+    assert_logprobs_close(own, ref[rows], attention_mask[rows], hf.config, f"EP=2 {family}")
+    logits = forward_logits(megatron, input_ids, position_ids, attention_mask)
+    assert_logprobs_close(logits, ref, attention_mask, hf.config, f"EP=2 {family}")
+    valid = attention_mask.bool()
+    worst = float((logits.detach().log_softmax(-1)[valid]
+                   - ref.detach().log_softmax(-1)[valid]).abs().max())
+    assert worst < 1e-5, (family, worst)
+
+    token_loss(logits, input_ids, attention_mask).backward()
+    token_loss(ref, input_ids, attention_mask).backward()
+    grads = {n: p.grad for n, p in megatron.named_parameters()}
+    shards = [{}, {}]
+    for name, grad in grads.items():  # only the experts differ between the EP ranks
+        gathered = [torch.empty_like(grad) for _ in shards]
+        dist.all_gather(gathered, grad.contiguous())
+        for shard, tensor in zip(shards, gathered, strict=True):
+            shard[name] = tensor
+    params = dict(hf.named_parameters())
+    for name, grad in megatron_to_hf(shards, hf.config, ep_size=2).items():
+        want = params[name].grad * (2 if ".experts." in name else 1)
+        assert_grads_close(grad, want, attention_mask, hf.config, f"EP=2 {family} {name}")
+    with torch.no_grad():
+        check_buckets(iter_hf_weights(megatron, hf.config, bucket_bytes=BOUND),
+                      expected_hf(hf), BOUND)
+    return worst
+
+
+def ep_rank_main(rank: int, world_size: int, port: int) -> None:
+    import datetime
+    import warnings
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    from siirl.engine.megatron.cpu_compat import enable_cpu_mode
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    enable_cpu_mode()
+    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    for family in FAMILIES[1:]:
+        _ep2_checks(family, rank)
+    parallel_state.destroy_model_parallel()
+    finish_rank()  # a failing rank raises instead
+
+
+def test_expert_parallel_ep2_over_gloo_matches_hf():
+    context = mp.start_processes(ep_rank_main, args=(2, free_port()), nprocs=2, join=False,
+                                 start_method="spawn")
+    join_spawned(context, "the 2-rank megatron expert-parallel run")

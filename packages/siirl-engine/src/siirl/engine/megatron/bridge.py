@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,18 +60,28 @@ class Entry:
     expert: int | None = None  # index into HF's stacked expert tensor (hf[0]); None: whole
 
 
-def _mlp_entries(hf_config, m: str, h: str) -> list[Entry]:
-    """The MLP of one layer (after its norm): SwiGLU, or router and SequentialMLP experts."""
+def local_experts(hf_config, ep_rank: int = 0, ep_size: int = 1) -> range:
+    """The global experts of expert-parallel rank ``ep_rank`` (megatron: contiguous blocks)."""
+    total = num_experts(hf_config)
+    if total % ep_size:
+        raise ValueError(f"{total} experts do not split over expert_model_parallel_size="
+                         f"{ep_size}")
+    return range(ep_rank * total // ep_size, (ep_rank + 1) * total // ep_size)
+
+
+def _mlp_entries(hf_config, m: str, h: str, ep_rank: int, ep_size: int) -> list[Entry]:
+    """The MLP of one layer (after its norm): SwiGLU, or router and SequentialMLP experts
+    (this EP rank's: local expert ``i`` is global expert ``experts[i]``)."""
     if not is_moe(hf_config):
         return [Entry(m + "mlp.linear_fc1.weight",
                       (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
                 Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row")]
-    experts, local = range(num_experts(hf_config)), m + "mlp.experts.local_experts."
+    experts, local = local_experts(hf_config, ep_rank, ep_size), m + "mlp.experts.local_experts."
     return ([Entry(m + "mlp.router.weight", (h + "mlp.gate.weight",), "replicated")]
-            + [Entry(f"{local}{e}.linear_fc1.weight", (h + "mlp.experts.gate_up_proj",), "fc1",
-                     expert=e) for e in experts]
-            + [Entry(f"{local}{e}.linear_fc2.weight", (h + "mlp.experts.down_proj",), "row",
-                     expert=e) for e in experts])
+            + [Entry(f"{local}{i}.linear_fc1.weight", (h + "mlp.experts.gate_up_proj",), "fc1",
+                     expert=e) for i, e in enumerate(experts)]
+            + [Entry(f"{local}{i}.linear_fc2.weight", (h + "mlp.experts.down_proj",), "row",
+                     expert=e) for i, e in enumerate(experts)])
 
 
 def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
@@ -79,9 +90,9 @@ def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
     return range(start, start + counts[pp_rank])
 
 
-def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,
-                  te_layout: bool = False) -> list[Entry]:
-    """The parameters of PP stage ``pp_rank`` in state-dict order."""
+def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1, te_layout: bool = False,
+                  ep_rank: int = 0, ep_size: int = 1) -> list[Entry]:
+    """The parameters of PP stage ``pp_rank`` (and EP rank ``ep_rank``'s experts)."""
     first, last = pp_rank == 0, pp_rank == pp_size - 1
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     qkv_names = ("q_proj", "k_proj", "v_proj")
@@ -110,7 +121,7 @@ def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1,
             Entry(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",),
                   "row"),
             Entry(m + ln_mlp, (h + "post_attention_layernorm.weight",), "replicated"),
-            *_mlp_entries(hf_config, m, h),
+            *_mlp_entries(hf_config, m, h, ep_rank, ep_size),
         ]
     if last:
         entries.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",),
@@ -187,11 +198,12 @@ def _merge(entry: Entry, shards: Sequence[torch.Tensor], hf_config) -> list[torc
     raise ValueError(f"unknown shard kind {kind!r}")
 
 
-def _hf_tensors(entries: Iterable[Entry], merged_of: Callable[[Entry], list[torch.Tensor]],
+def _hf_tensors(entries: Iterable[Entry], merged_of: Callable[[Entry], Any],
                 hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(HF name, full tensor)`` of every exported entry, ``merged_of(entry)`` giving its
-    merged tensors; experts' slices are stacked into HF's tensor after the last expert."""
-    pending: dict[str, list[torch.Tensor]] = {}
+    """``(HF name, full tensor)`` of every exported entry. ``merged_of(entry)`` gives its
+    merged tensors, or for an expert entry ``{global expert: merged slice}`` (several with
+    EP); HF's stacked tensor is yielded once every expert's slice is there."""
+    pending: dict[str, dict[int, torch.Tensor]] = {}
     for entry in entries:
         if not entry.export:
             continue
@@ -199,21 +211,23 @@ def _hf_tensors(entries: Iterable[Entry], merged_of: Callable[[Entry], list[torc
         if entry.expert is None:
             yield from zip(entry.hf, merged, strict=True)
             continue
-        pending.setdefault(entry.hf[0], []).append(merged[0])
-        if entry.expert == num_experts(hf_config) - 1:
-            yield entry.hf[0], torch.stack(pending.pop(entry.hf[0]))
+        slots = pending.setdefault(entry.hf[0], {})
+        slots.update(merged)
+        if len(slots) == num_experts(hf_config):
+            yield entry.hf[0], torch.stack([slots[e] for e in sorted(pending.pop(entry.hf[0]))])
     if pending:
         raise ValueError(f"experts missing from {sorted(pending)}")
 
 
 def hf_to_megatron(hf_state_dict: dict[str, torch.Tensor], hf_config, tp_rank: int = 0,
                    tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1,
-                   te_layout: bool = False, vocab_divisible_by: int = 1
-                   ) -> dict[str, torch.Tensor]:
-    """The megatron state dict of one (TP rank, PP stage) shard, built from full HF tensors."""
+                   te_layout: bool = False, vocab_divisible_by: int = 1, ep_rank: int = 0,
+                   ep_size: int = 1) -> dict[str, torch.Tensor]:
+    """The megatron state dict of one (TP rank, PP stage, EP rank) shard, built from full HF
+    tensors (expert TP = TP)."""
     return {e.mcore: _shard(e, [hf_state_dict[n] for n in e.hf], hf_config, tp_rank, tp_size,
                             vocab_divisible_by)
-            for e in stage_entries(hf_config, pp_rank, pp_size, te_layout)}
+            for e in stage_entries(hf_config, pp_rank, pp_size, te_layout, ep_rank, ep_size)}
 
 
 def _is_te_layout(keys) -> bool:
@@ -221,13 +235,25 @@ def _is_te_layout(keys) -> bool:
 
 
 def megatron_to_hf(tp_shards: Sequence[dict[str, torch.Tensor]], hf_config, pp_rank: int = 0,
-                   pp_size: int = 1) -> dict[str, torch.Tensor]:
+                   pp_size: int = 1, ep_size: int = 1) -> dict[str, torch.Tensor]:
     """Full HF tensors of PP stage ``pp_rank`` from its TP ranks' state dicts (in TP rank
-    order). Stages hold disjoint HF names: merge the dicts of all stages for the whole model.
-    With tied embeddings no ``lm_head.weight`` is produced (HF ties it to the embedding)."""
-    entries = stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(tp_shards[0]))
-    return dict(_hf_tensors(
-        entries, lambda e: _merge(e, [s[e.mcore] for s in tp_shards], hf_config), hf_config))
+    order; with EP, EP-major: ``tp_shards[ep_rank * tp + tp_rank]``, EP rank 0's dense
+    tensors are taken). Stages hold disjoint HF names: merge the dicts of all stages for the
+    whole model. With tied embeddings no ``lm_head.weight`` is produced (HF ties it)."""
+    tp, te_layout = len(tp_shards) // ep_size, _is_te_layout(tp_shards[0])
+    entries = [e for r in range(ep_size)
+               for e in stage_entries(hf_config, pp_rank, pp_size, te_layout, r, ep_size)
+               if r == 0 or e.expert is not None]
+    per_rank = num_experts(hf_config) // ep_size if is_moe(hf_config) else 1
+
+    def merged(entry: Entry):
+        if entry.expert is None:
+            return _merge(entry, [s[entry.mcore] for s in tp_shards[:tp]], hf_config)
+        rank = entry.expert // per_rank
+        shards = [s[entry.mcore] for s in tp_shards[rank * tp:(rank + 1) * tp]]
+        return {entry.expert: _merge(entry, shards, hf_config)[0]}
+
+    return dict(_hf_tensors(entries, merged, hf_config))
 
 
 def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tensor], hf_config,
@@ -249,7 +275,7 @@ def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tenso
     pp_size = ps.get_pipeline_model_parallel_world_size() if pp_size is None else pp_size
     state = hf_to_megatron(hf_state_dict, hf_config, tp_rank, tp_size, pp_rank, pp_size,
                            te_layout=_is_te_layout(model.state_dict()),
-                           vocab_divisible_by=vocab_divisible_by)
+                           vocab_divisible_by=vocab_divisible_by, **_expert_ranks(hf_config))
     own = {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     wrong = {k: (tuple(own.get(k, ())), tuple(v.shape)) for k, v in state.items()
              if own.get(k) != v.shape}
@@ -261,6 +287,21 @@ def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tenso
     if missing or unexpected:
         raise KeyError(f"megatron/HF key mismatch: missing={missing} unexpected={unexpected}")
     model.hf_vocab_size = hf_config.vocab_size
+
+
+def _expert_ranks(hf_config) -> dict[str, int]:
+    """This rank's EP rank and size (megatron's parallel state; 0 / 1 for a dense model).
+    Expert TP must equal TP: the experts' shards are gathered over the TP group."""
+    from megatron.core import parallel_state as ps
+
+    if not is_moe(hf_config) or not ps.model_parallel_is_initialized():
+        return {"ep_rank": 0, "ep_size": 1}
+    if ps.get_expert_tensor_parallel_world_size() != ps.get_tensor_model_parallel_world_size():
+        raise NotImplementedError("the bridge splits experts over TP like the dense layers: "
+                                  "expert_tensor_parallel_size must equal "
+                                  "tensor_model_parallel_size")
+    return {"ep_rank": ps.get_expert_model_parallel_rank(),
+            "ep_size": ps.get_expert_model_parallel_world_size()}
 
 
 def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 << 20,
@@ -285,15 +326,28 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
     local = {k: v for k, v in unwrap_model(model).state_dict().items()
              if isinstance(v, torch.Tensor)}
 
-    def gathered(entry: Entry) -> list[torch.Tensor]:
+    ep = _expert_ranks(hf_config)
+    ep_group = ps.get_expert_model_parallel_group() if ep["ep_size"] > 1 else None
+    start = local_experts(hf_config, **ep).start if is_moe(hf_config) else 0
+
+    def gathered(entry: Entry):
         shard = local[entry.mcore].detach()
         if tp_size > 1 and entry.kind != "replicated":
             shards = [torch.empty_like(shard) for _ in range(tp_size)]
             dist.all_gather(shards, shard.contiguous(), group=tp_group)
         else:
             shards = [shard.clone() if entry.kind == "replicated" else shard]
-        return _merge(entry, shards, hf_config)
+        merged = _merge(entry, shards, hf_config)
+        if entry.expert is None:
+            return merged
+        if ep_group is None:
+            return {entry.expert: merged[0]}
+        # EP rank r holds the same local expert of its own block: global r * n + (e - start)
+        peers = [torch.empty_like(merged[0]) for _ in range(ep["ep_size"])]
+        dist.all_gather(peers, merged[0].contiguous(), group=ep_group)
+        per_rank = num_experts(hf_config) // ep["ep_size"]
+        return {rank * per_rank + entry.expert - start: t for rank, t in enumerate(peers)}
 
     # gathered lazily, one entry at a time, as the buckets fill
-    entries = stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local))
+    entries = stage_entries(hf_config, pp_rank, pp_size, _is_te_layout(local), **ep)
     yield from buckets_of(_hf_tensors(entries, gathered, hf_config), bucket_bytes)

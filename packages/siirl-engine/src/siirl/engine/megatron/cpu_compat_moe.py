@@ -12,6 +12,10 @@ applied by :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` like the den
   tensors are already on the host and every copy is synchronous, so the stream, its context
   and its event are no-ops (:class:`_HostStream`); the copies and the collectives (gloo's
   ``all_to_all_single`` with uneven splits, ``all_gather``, ``reduce_scatter``) are megatron's.
+  Its ``maybe_move_tensor_to_cpu`` hands the split sizes to the all-to-all as numpy arrays
+  after the device-to-host copy, but copies (and converts) CUDA tensors only: a CPU tensor
+  of split sizes, which ``all_to_all_single`` refuses, stays a tensor.
+  :func:`_host_splits` converts host tensors the same way.
 * ``moe_utils.RouterGatingLinearFunction`` tests ``te_general_gemm is not None``, a name that
   megatron-core 0.16 defines only when Transformer Engine imports (a NameError without TE, on
   any device): without TE it is None, so the router takes megatron's own ``torch.mm`` branch.
@@ -71,6 +75,14 @@ class _StreamlessTorch:
         return getattr(torch, name)
 
 
+def _host_splits(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """``moe_utils.maybe_move_tensor_to_cpu`` for tensors already on the host: the same
+    values, as numpy where megatron asks for numpy (``record_stream``: no stream here)."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
+
+
 # megatron module -> the torch stand-in it sees (why: module doc)
 _MOE_MODULES = {
     "megatron.core.transformer.moe.router": _CPU_TORCH,
@@ -83,6 +95,8 @@ _MOE_MODULES = {
 def enable_moe_cpu_mode() -> None:
     for module_name, stand_in in _MOE_MODULES.items():
         importlib.import_module(module_name).torch = stand_in
+    importlib.import_module("megatron.core.transformer.moe.token_dispatcher"
+                            ).maybe_move_tensor_to_cpu = _host_splits
     moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None

@@ -225,6 +225,9 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
     if config is None:
         config_kwargs.setdefault("tp", parallel_state.get_tensor_model_parallel_world_size())
         config_kwargs.setdefault("pp", parallel_state.get_pipeline_model_parallel_world_size())
+        if is_moe(hf_config):
+            config_kwargs.setdefault("expert_model_parallel_size",
+                                     parallel_state.get_expert_model_parallel_world_size())
         vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
         if vpp is not None and vpp > 1:
             config_kwargs.setdefault("virtual_pipeline_model_parallel_size", vpp)
