@@ -1,20 +1,16 @@
 """The driver of a multi-worker job plans and starts Ray workers without importing torch:
-those imports (seconds) belong to the workers, which do them in parallel."""
+those imports (seconds) belong to the workers, which do them in parallel. Planning asks the
+actor engine plugin its on-policy question (siirl.engine.fsdp_workers, a light module)."""
 
 import json
 import subprocess
 import sys
-
-import pytest
 
 # siirl.engine itself is light and is imported on purpose: the config sections of the
 # backends live in it (siirl.config plugins).
 HEAVY = ("torch", "tensordict", "transformers", "pyarrow")
 
 
-@pytest.mark.xfail(strict=True, reason="known regression (issue 31): the planner asks the actor "
-                   "engine plugin whether its update gives the old log-probs itself, and that "
-                   "plugin module imports torch; the decision must move to a torch-free module")
 def test_planning_a_two_worker_job_imports_no_heavy_library():
     code = f"""
 import json, pickle, sys
@@ -27,10 +23,13 @@ plans = []
 launcher.launch_ray = lambda config, plan: plans.append(plan)  # stop before Ray starts
 run(config)
 pickle.dumps(plans[0])  # what the workers are sent
-print(json.dumps([len(plans[0]), [m for m in {HEAVY!r} if m in sys.modules]]))
+left_out = sorted(plans[0][0].graph.left_out)  # the actor engine plugin's answer, asked here
+print(json.dumps([len(plans[0]), left_out, [m for m in {HEAVY!r} if m in sys.modules]]))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    workers, heavy = json.loads(proc.stdout.splitlines()[-1])
+    workers, left_out, heavy = json.loads(proc.stdout.splitlines()[-1])
     assert workers == 2 and heavy == []
+    # the main job's update is on-policy: the planner asked the fsdp plugin, torch-free
+    assert "actor_old_log_prob" in left_out

@@ -9,7 +9,7 @@ import pytest
 import torch
 from siirl_actor_testlib import actor_config, actor_engine, params, rollout_batch, tiny_model
 
-from siirl.engine.fsdp.engines import fsdp_engine
+from siirl.engine.fsdp_workers import fsdp_engine  # the entry point's object
 from siirl.params.typed import to_typed
 
 ON_POLICY = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",

@@ -138,7 +138,7 @@ def test_metric_totals_are_averaged_over_mini_batches():
 def test_turn_rows_are_cut_into_a_count_of_mini_batches():
     """AGENTIC step rows (as many as the episodes took turns): the update takes the same
     optimizer steps whatever their count, so 1 and N workers step alike."""
-    from siirl.engine.common.ppo_update import turn_row_mini_batches
+    from siirl.engine.common.update_settings import turn_row_mini_batches
     from siirl.params import SiiRLArguments
 
     for count, expected in ((11, [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]),

@@ -15,8 +15,12 @@ from __future__ import annotations
 from typing import Optional
 
 from siirl.engine.common.config import run_seed
-from siirl.engine.common.dynamic_batch import TokenBudget, budget
-from siirl.engine.common.ppo_update import UpdateSettings, turn_row_mini_batches
+from siirl.engine.common.update_settings import (
+    TokenBudget,
+    UpdateSettings,
+    budget,
+    turn_row_mini_batches,
+)
 from siirl.params import SiiRLArguments
 
 

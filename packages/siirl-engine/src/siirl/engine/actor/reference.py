@@ -20,7 +20,8 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import REF_LOG_PROB
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.common.backend import TrainBackend
-from siirl.engine.common.dynamic_batch import budget, check_backend
+from siirl.engine.common.dynamic_batch import check_backend
+from siirl.engine.common.update_settings import budget
 from siirl.engine.models.lora import is_lora
 from siirl.errors import PipelineError
 from siirl.params import SiiRLArguments

@@ -13,34 +13,17 @@ micro-batching up to float rounding.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
 import torch
 
 from siirl.data_coordinator.balance import karmarkar_karp
 from siirl.data_coordinator.fields import ATTENTION_MASK
+from siirl.engine.common.update_settings import TokenBudget
 from siirl.errors import ConfigError
 
 Plan = List[List[int]]  # row indices per micro-batch
 Micro = Union[int, Plan]  # rows per micro-batch, or an explicit plan
-
-
-@dataclass(frozen=True)
-class TokenBudget:
-    """At most ``max_tokens`` real tokens per micro-batch (``key`` names the setting)."""
-
-    max_tokens: int
-    key: str
-
-
-def budget(enabled: Any, max_tokens: Any, key: str) -> Optional[TokenBudget]:
-    """A TokenBudget when ``enabled`` (a use_dynamic_bsz setting), else None."""
-    if not enabled:
-        return None
-    if int(max_tokens or 0) < 1:
-        raise ConfigError(f"{key}={max_tokens} must be at least 1 with dynamic batch size")
-    return TokenBudget(int(max_tokens), key)
 
 
 def check_backend(backend: Any, *budgets: Optional[TokenBudget]) -> None:

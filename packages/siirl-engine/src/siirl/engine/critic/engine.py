@@ -14,9 +14,9 @@ from siirl.data_coordinator.fields import RESPONSE_MASK, VALUES
 from siirl.engine.common.backend import TrainBackend
 from siirl.engine.common.config import run_seed
 from siirl.engine.common.dp_utils import dp_sum
-from siirl.engine.common.dynamic_batch import budget, check_backend
-from siirl.engine.common.ppo_update import UpdateSettings, turn_row_mini_batches
+from siirl.engine.common.dynamic_batch import check_backend
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
+from siirl.engine.common.update_settings import UpdateSettings, budget, turn_row_mini_batches
 from siirl.engine.critic.dp_critic import DataParallelPPOCritic, ValueHeads
 from siirl.params import SiiRLArguments
 

@@ -25,7 +25,6 @@ from siirl.data_coordinator.fields import (
 )
 from siirl.engine.actor.embodied_actor import episode_logprobs, is_episode_batch
 from siirl.engine.actor.engine import ActorEngine
-from siirl.engine.actor.on_policy import update_gives_old_log_probs
 from siirl.engine.actor.reference import (
     ReferenceEngine,
     initial_policy,
@@ -290,13 +289,3 @@ def fsdp_engine(role: str, config: Any, worker: Any = None,
         return fsdp_reward_model(config, worker, peers)
     raise ConfigError(f"the fsdp engine serves roles actor, critic, reference, reward_model, "
                       f"not {role!r}")
-
-
-def old_log_probs_from_update(cfg: Any, workers: int) -> bool:
-    """The planner's question (``siirl.engine.actor.on_policy``) for an fsdp actor on
-    ``workers`` workers: its data-parallel ranks are the workers over its Ulysses groups."""
-    sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size or 1)
-    return update_gives_old_log_probs(cfg, max(int(workers) // sp, 1))
-
-
-fsdp_engine.old_log_probs_from_update = old_log_probs_from_update

@@ -21,7 +21,6 @@ import megatron.core  # noqa: F401  (fails here, cleanly, without the [megatron]
 import torch
 
 from siirl.engine.actor.engine import ActorEngine
-from siirl.engine.actor.on_policy import update_gives_old_log_probs
 from siirl.engine.actor.reference import ReferenceEngine, initial_policy
 from siirl.engine.common.config import run_seed, typed_config
 from siirl.engine.common.model_loading import load_policy
@@ -149,16 +148,3 @@ def megatron_engine(role: str, config: Any, worker: Optional[Any] = None,
         return megatron_critic(config, worker)
     raise ConfigError(f"the megatron engine serves roles actor, critic, reference, "
                       f"not {role!r}")
-
-
-def old_log_probs_from_update(cfg: Any, workers: int) -> bool:
-    """The planner's question (``siirl.engine.actor.on_policy``) for a megatron actor on
-    ``workers`` workers: its data-parallel ranks are the workers over tensor, pipeline and
-    context parallelism."""
-    layout = cfg.actor_rollout_ref.actor.megatron
-    model_parallel = int(layout.tensor_model_parallel_size or 1) * \
-        int(layout.pipeline_model_parallel_size or 1) * int(layout.context_parallel_size or 1)
-    return update_gives_old_log_probs(cfg, max(int(workers) // model_parallel, 1))
-
-
-megatron_engine.old_log_probs_from_update = old_log_probs_from_update

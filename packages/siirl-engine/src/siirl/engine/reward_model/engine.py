@@ -20,7 +20,8 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from siirl.engine.common.backend import Head
-from siirl.engine.common.dynamic_batch import budget, check_backend, token_plan
+from siirl.engine.common.dynamic_batch import check_backend, token_plan
+from siirl.engine.common.update_settings import budget
 from siirl.engine.reward_model import inputs
 from siirl.engine.reward_model.combine import RM_SCORES, place_on_last_token, score_metrics
 from siirl.engine.reward_model.loading import same_tokenizer
