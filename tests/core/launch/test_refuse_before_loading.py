@@ -245,12 +245,14 @@ def test_a_gpu_is_not_refused_where_the_machine_may_show_one(no_job, capsys, mon
 
 # the two examples, as a user runs them: a fresh process, timed from its start; it
 # must end refused before importing torch (which loading a model or dataset needs) or an
-# engine module (the engine package's config sections, siirl.config, are read by the parse)
-PROBE = ("import atexit, sys\n"
+# engine module (the parse reads the engine package's config sections, siirl.config, and
+# the light modules they import: those are loaded first and not counted)
+PROBE = ("import atexit, sys\nimport importlib.metadata as md\n"
+         "for ep in md.entry_points(group='siirl.config'):\n    ep.load()\n"
+         "sections = set(sys.modules)\n"
          "atexit.register(lambda: print('imported:', *[m for m in sys.modules if m in "
-         "('torch', 'transformers') or m.startswith('siirl.engine.') and not "
-         "m.endswith('.config') and not hasattr(sys.modules[m], '__path__')], "
-         "file=sys.stderr))\n"
+         "('torch', 'transformers') or m.startswith('siirl.engine.') and "
+         "m not in sections], file=sys.stderr))\n"
          "from siirl.launch.cli import main\n"
          "sys.argv[0] = 'siirl-train'\n"
          "sys.exit(main())\n")

@@ -238,3 +238,19 @@ def test_truncated_importance_sampling_needs_vllm_and_the_vanilla_loss():
     with pytest.raises(ConfigError, match="vanilla PPO loss only"):
         check(tis, vllm, "actor_rollout_ref.actor.policy_loss.loss_mode=gspo")
     assert check(tis, vllm) == []
+
+
+def test_clip_ratio_alone_gives_a_notice_to_set_low_and_high():
+    """The PPO loss clips at clip_ratio_low/high (0.2 each by default, as in verl): a run
+    that changes only clip_ratio is told it has no effect and what to set instead."""
+    actor = "actor_rollout_ref.actor"
+
+    def notices(*overrides):
+        return check_key_support(OmegaConf.to_object(parse_config(list(overrides))))
+
+    (note,) = notices(f"{actor}.clip_ratio=0.3")
+    assert f"{actor}.clip_ratio=0.3 has no effect" in note
+    assert f"set {actor}.clip_ratio_low and {actor}.clip_ratio_high" in note
+    assert notices(f"{actor}.clip_ratio=0.3", f"{actor}.clip_ratio_high=0.28") == []
+    assert notices(f"{actor}.clip_ratio_low=0.1") == []
+    assert rule_for(f"{actor}.clip_ratio", OmegaConf.to_object(parse_config([]))) is None

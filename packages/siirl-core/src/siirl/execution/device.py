@@ -1,4 +1,4 @@
-"""Which device a worker computes on, from ``trainer.device`` (auto | cuda | cpu)."""
+"""Which device a worker computes on, from ``trainer.device`` (one of ``DEVICES``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Any, Optional
 
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
-
-DEVICES = ("auto", "cuda", "cpu")
+from siirl.params.training_args import DEVICES  # the values of trainer.device
 
 
 def device_kind(config: SiiRLArguments) -> str:

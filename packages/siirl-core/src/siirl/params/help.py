@@ -1,4 +1,5 @@
-"""Text for ``siirl-train --help [GROUP]``, generated from the schema's docstrings."""
+"""Text for ``siirl-train --help [GROUP]``, generated from the schema's docstrings and field
+help (its lists of names read from their registries now: ``siirl.params.listed_names``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
 from siirl.params.key_support import help_tag
+from siirl.params.listed_names import field_help
 
 
 def _doc(obj: Any) -> str:
@@ -24,7 +26,7 @@ def _summary(f: dataclasses.Field) -> str:
         value = f.default_factory()
         if dataclasses.is_dataclass(value):
             return _doc(value)
-    return f.metadata.get("help", "")
+    return field_help(f)
 
 
 def _free_form(path: str) -> dataclasses.Field | None:
@@ -41,7 +43,7 @@ def _free_form(path: str) -> dataclasses.Field | None:
 
 
 def _free_form_help(path: str, f: dataclasses.Field) -> str:
-    lines = [f"{path}: {f.metadata.get('help', 'a free-form dict')}"]
+    lines = [f"{path}: {field_help(f) or 'a free-form dict'}"]
     entries = f.metadata.get("entries", {})
     if entries:
         lines.append("  each entry holds:")
@@ -80,7 +82,6 @@ def format_help(path: str = "") -> str:
         if dataclasses.is_dataclass(value):
             lines.append(f"  {f.name + '.':<36} (group) {_doc(value)}")
             continue
-        text = " ".join(t for t in (f.metadata.get("help", ""),
-                                    help_tag(f"{path}.{f.name}")) if t)
+        text = " ".join(t for t in (field_help(f), help_tag(f"{path}.{f.name}")) if t)
         lines.append(f"  {f.name:<36} = {value!r}" + (f"   # {text}" if text else ""))
     return "\n".join(lines)

@@ -85,5 +85,15 @@ def cpu_run(config: Any, key: str) -> bool:
     return str(get(config, "trainer.device", "auto")).lower() == "cpu"
 
 
+def clip_ratio_alone(config: Any, key: str) -> bool:
+    """``key`` (actor.clip_ratio) is set away from its default while clip_ratio_low and
+    clip_ratio_high keep theirs: the PPO loss clips at those two only (verl's as well)."""
+    from siirl.params.key_support import leaf_defaults
+
+    defaults = leaf_defaults()
+    return get(config, key) != defaults[key] and all(
+        get(config, f"{key}_{side}") == defaults[f"{key}_{side}"] for side in ("low", "high"))
+
+
 def remove_padding_off(model_key: str) -> Condition:
     return lambda config, key: not get(config, f"{model_key}.use_remove_padding", False)

@@ -20,6 +20,7 @@ from siirl.params.key_conditions import (
     ROLLOUT,
     budget_unused,
     builtin_workflow_is_not,
+    clip_ratio_alone,
     critic_disagrees,
     custom_workflow,
     engine_rollout,
@@ -125,6 +126,11 @@ RULES: Tuple[Rule, ...] = (
             "actor_rollout_ref.model.fused_kernel_options"), "no effect: transformers kernels",
            "fused GPU kernels (Liger, verl's fused log-prob kernels) are not used; the model runs "
            "with its transformers implementation."),
+    # -- actor loss
+    notice(f"{ACTOR}.clip_ratio", "no effect: set clip_ratio_low/high",
+           "the PPO loss clips the ratio at 1 - clip_ratio_low and 1 + clip_ratio_high (both "
+           "0.2 by default), as verl's does, so clip_ratio alone changes nothing: set "
+           f"{ACTOR}.clip_ratio_low and {ACTOR}.clip_ratio_high instead.", clip_ratio_alone),
     # -- actor / reference / critic batching
     notice((f"{ACTOR}.ppo_micro_batch_size", f"{REF}.log_prob_micro_batch_size",
             f"{ROLLOUT}.log_prob_micro_batch_size", "critic.ppo_micro_batch_size",

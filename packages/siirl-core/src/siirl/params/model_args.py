@@ -11,6 +11,8 @@ verl.
 from dataclasses import dataclass, field
 from typing import Any
 
+from siirl.params.listed_names import plugin_group, section_table
+
 # --- Shared building blocks ---
 
 
@@ -50,9 +52,8 @@ class ModelArguments:
     path: str | None = field(
         default=None,
         metadata={"help": "Local HF directory, a .gguf file, 'smollm2', a built-in name "
-                          "(builtin:tiny-arith, builtin:tiny-arith-hd32, builtin:tiny-agent, "
-                          "builtin:tiny-vla), "
-                          "or null for the built-in tiny arithmetic model."},
+                          "({names}), or null for the built-in tiny arithmetic model.",
+                  "names": section_table("builtin_models")},
     )
     custom_chat_template: str | None = None
     use_shm: bool = False
@@ -108,7 +109,8 @@ class ActorArguments:
     """Actor training: PPO batch sizes, clipping, KL/entropy loss, optimizer, sharding."""
 
     strategy: str = field(
-        default="fsdp", metadata={"help": "Training backend: fsdp, fsdp2 or megatron."}
+        default="fsdp", metadata={"help": "Training backend: {names_or}.",
+                                  "names": plugin_group("siirl.engines")}
     )
     ppo_mini_batch_size: int = field(
         default=32, metadata={"help": "Prompts per PPO mini-batch (before rollout.n)."}

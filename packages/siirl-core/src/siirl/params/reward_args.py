@@ -7,6 +7,8 @@ model's own sections (``reward_model.model``, ``reward_model.judge``) are siirl-
 from dataclasses import dataclass, field
 from typing import Any
 
+from siirl.params.listed_names import plugin_group
+
 # --- reward_model / custom_reward_function ---
 
 
@@ -97,9 +99,9 @@ class RewardModelArguments:
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
     reward_manager: str = field(
-        default="naive", metadata={"help": "Reward manager: naive, batch, parallel, dapo, "
-                                           "embodied (a name in the siirl.reward_managers "
-                                           "plugin group)."}
+        default="naive", metadata={"help": "Reward manager: {names} (a name in the "
+                                           "siirl.reward_managers plugin group).",
+                                   "names": plugin_group("siirl.reward_managers")}
     )
     # the manager's own keywords (verl's key): the embodied manager reads reward_coef
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -158,10 +160,10 @@ class RewardManagerArguments:
 
     source: str = field(
         default="register",
-        metadata={"help": "'register': reward_manager.name is an installed manager (naive, "
-                          "batch, parallel, dapo, embodied, or a siirl.reward_managers entry "
-                          "point); 'importlib': the class reward_manager.name in "
-                          "reward_manager.module.path."}
+        metadata={"help": "'register': reward_manager.name is an installed manager ({names}, "
+                          "or a siirl.reward_managers entry point); 'importlib': the class "
+                          "reward_manager.name in reward_manager.module.path.",
+                  "names": plugin_group("siirl.reward_managers")}
     )
     name: str = field(
         default="${reward_model.reward_manager}",

@@ -21,7 +21,7 @@ engine module.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice
@@ -31,7 +31,7 @@ from siirl.plugins import available, load_plugin
 # with the registration types, the facts about the run (run_shape) that a section's rules
 # and constraints read: all a section's module imports from core besides the rule modules
 __all__ = ["GROUP", "ConfigSection", "Mount", "applying_mounts", "custom_workflow",
-           "installed_sections", "mounted_at", "role_runs", "section_applies",
+           "installed_names", "installed_sections", "mounted_at", "role_runs", "section_applies",
            "section_constraints", "section_rules", "section_selected_by",
            "section_value_rules", "size", "workers", "workers_text"]
 
@@ -90,6 +90,11 @@ class ConfigSection:
     # (importable module, package, pip line) the backend needs where a role runs on it,
     # named by the validation pass when this machine lacks it
     requires: Tuple[str, ...] = ()
+    # the names its package provides, by table: "lr_schedules" (what optim.warmup_style /
+    # lr_scheduler_type may name), "builtin_models" (model.path's builtin:... names). Each is
+    # a collection read when asked (installed_names), so a name added to it in this process
+    # counts too; core keeps no copy.
+    names: Mapping[str, Collection[str]] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.schema):
@@ -117,6 +122,15 @@ def installed_sections() -> Dict[str, ConfigSection]:
     if _SECTIONS is None:
         _SECTIONS = _load_sections()
     return _SECTIONS
+
+
+def installed_names(table: str) -> List[str]:
+    """The names every installed section lists in ``table`` (``ConfigSection.names``), each
+    once, in the order the sections and their tables give them."""
+    names: List[str] = []
+    for section in installed_sections().values():
+        names += [n for n in section.names.get(table, ()) if n not in names]
+    return names
 
 
 def mounted_at(path: str) -> Optional[ConfigSection]:

@@ -6,6 +6,12 @@ Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus DAPO's
 
 from dataclasses import dataclass, field
 
+from siirl.params.listed_names import algorithm_registry
+
+# The values of trainer.device (auto: CUDA where the worker sees a GPU, else the CPU):
+# siirl.execution.device resolves them, the validation pass (value_rules) checks them.
+DEVICES = ("auto", "cuda", "cpu")
+
 
 @dataclass
 class KLCtrlArguments:
@@ -56,7 +62,8 @@ class AlgorithmArguments:
     # Values of siirl.execution.scheduler.enums.AdvantageEstimator, kept as plain strings.
     adv_estimator: str = field(
         default="grpo",
-        metadata={"help": "Advantage estimator: grpo, gae, rloo, reinforce_plus_plus, cpgd..."},
+        metadata={"help": "Advantage estimator: {names}.",
+                  "names": algorithm_registry("ADV_ESTIMATORS")},
     )
     # Values of siirl.execution.scheduler.enums.WorkflowType, kept as plain strings.
     workflow_type: str = field(
@@ -68,8 +75,8 @@ class AlgorithmArguments:
     norm_adv_by_std_in_grpo: bool = True
     weight_factor_in_cpgd: str = field(
         default="STD_weight",
-        metadata={"help": "siiRL CPGD advantage weighting: STD_weight, clip_filter_like_weight "
-                          "or naive."},
+        metadata={"help": "siiRL CPGD advantage weighting: {names_or}.",
+                  "names": algorithm_registry("CPGD_WEIGHTS")},
     )
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # kl | abs | mse | low_var_kl | full
@@ -112,7 +119,7 @@ class TrainerArguments:
     n_gpus_per_node: int = field(
         default=1, metadata={"help": "Workers (GPUs) per node; siiRL default is one worker."}
     )
-    device: str = "auto"  # siiRL: auto | cuda | npu | cpu
+    device: str = "auto"  # siiRL: one of DEVICES
     cpu_threads: int | None = field(
         default=1,
         metadata={"help": "torch intra-op threads per CPU worker; 1 is fastest for small "

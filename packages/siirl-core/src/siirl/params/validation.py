@@ -94,7 +94,7 @@ def _value_problem(key: str, value: Any) -> str:
         if value is None and rule.optional:
             continue
         if not rule.test(value):
-            return f"{key}={show(value)}: {rule.rule}"
+            return f"{key}={show(value)}: {rule.words}"
     return ""
 
 

@@ -11,7 +11,8 @@ Names chosen from a registry that user code may extend (advantage estimators, po
 losses, loss aggregation, KL estimators...) are read from the registries themselves
 (``registries()``): a name outside them is refused only when no user code is configured
 that could register it (else the registry checks it at start-up). Plugin names (engines,
-rollouts, reward managers) are checked by the plugin registry.
+rollouts, reward managers) are checked by the plugin registry; the lr schedules are the
+installed backends' (their config sections' ``"lr_schedules"`` name table).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Collection, Tuple, Union
+
+from siirl.params.sections import installed_names
+from siirl.params.training_args import DEVICES
 
 Test = Callable[[Any], bool]
 
@@ -28,8 +32,14 @@ Test = Callable[[Any], bool]
 class ValueRule:
     patterns: Tuple[str, ...]  # dotted keys or fnmatch globs
     test: Callable[[Any], bool]  # True: the value is fine
-    rule: str  # what the value must be, in words ("must be at least 1")
+    # what the value must be, in words ("must be at least 1"); a function for a rule over
+    # names that plugins extend, so the words list them as they are when a value fails
+    rule: Union[str, Callable[[], str]]
     optional: bool = True  # None passes
+
+    @property
+    def words(self) -> str:
+        return self.rule() if callable(self.rule) else self.rule
 
 
 def is_number(value: Any) -> bool:
@@ -40,7 +50,8 @@ def finite(value: Any) -> bool:
     return is_number(value) and math.isfinite(value)
 
 
-def _rule(patterns, test: Test, rule: str, optional: bool = True) -> ValueRule:
+def _rule(patterns, test: Test, rule: Union[str, Callable[[], str]],
+          optional: bool = True) -> ValueRule:
     patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     return ValueRule(patterns, test, rule, optional)
 
@@ -64,8 +75,16 @@ def within(low: float, high: float, patterns, low_open: bool = False,
     return _rule(patterns, test, f"must be in {span}")
 
 
-def one_of(choices: Tuple[str, ...], patterns) -> ValueRule:
-    return _rule(patterns, lambda v: v in choices, f"must be one of: {', '.join(choices)}")
+def one_of(choices: Union[Collection[str], Callable[[], Collection[str]]],
+           patterns) -> ValueRule:
+    """``choices``: the names, or a function returning them (read at each check: a table
+    that plugins extend)."""
+    names = choices if callable(choices) else (lambda: choices)
+    return _rule(patterns, lambda v: v in names(), lambda: f"must be one of: {', '.join(names())}")
+
+
+def _lr_schedules() -> Collection[str]:
+    return installed_names("lr_schedules")
 
 
 def _ip_address(value: Any) -> bool:
@@ -89,8 +108,6 @@ def _betas(value: Any) -> bool:
 
 
 A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "critic"
-DEVICES = ("auto", "cuda", "cpu")  # siirl.execution.device.DEVICES (a test keeps them equal)
-LR_SCHEDULES = ("constant", "cosine")  # siirl.engine.common.optim (a test keeps them equal)
 
 RULES: Tuple[ValueRule, ...] = (
     # -- sizes and counts
@@ -144,7 +161,7 @@ RULES: Tuple[ValueRule, ...] = (
     one_of(("error", "left", "right"), "data.truncation"),
     one_of(("auto", "disable", "resume_path"), "trainer.resume_mode"),
     one_of(DEVICES, "trainer.device"),
-    one_of(LR_SCHEDULES, ("*.optim.warmup_style", "*.optim.lr_scheduler_type")),
+    one_of(_lr_schedules, ("*.optim.warmup_style", "*.optim.lr_scheduler_type")),
     one_of(("sync", "server", "async"), f"{R}.mode"),
     one_of(("error", "warn"), "algorithm.filter_groups.on_exhausted"),
     one_of(("discriminative", "generative"), "reward_model.style"),

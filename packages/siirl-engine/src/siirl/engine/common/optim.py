@@ -1,19 +1,19 @@
 """Optimizer and learning-rate schedule built from an ``optim`` config node (verl's keys).
 
-The schedule is a ``LambdaLR`` whose lambda is a small picklable object, so the
-scheduler's ``state_dict`` (its step count and the schedule's parameters) checkpoints and
-restores like any other torch scheduler.
+The schedule is a ``LambdaLR`` whose lambda is a small picklable object
+(``siirl.engine.common.lr_schedules``, the table of schedules by name), so the scheduler's
+``state_dict`` (its step count and the schedule's parameters) checkpoints and restores like
+any other torch scheduler.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from siirl.engine.common.lr_schedules import LR_SCHEDULES, WarmupSchedule
 from siirl.errors import ConfigError
 from siirl.params import OptimArguments
 
@@ -45,52 +45,12 @@ def build_optimizer(params: Iterable, optim_cfg: Any) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, **kwargs)
 
 
-@dataclass
-class WarmupSchedule:
-    """Multiplier of the base lr at scheduler step ``step`` (verl's formulas).
-
-    constant: linear warmup 0 -> 1, then 1. cosine: linear warmup ``min_lr_ratio`` -> 1,
-    then half a cosine (``num_cycles`` = 0.5) down to ``min_lr_ratio`` at
-    ``total_steps``.
-    """
-
-    style: str
-    warmup_steps: int
-    total_steps: int
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
-
-    def __call__(self, step: int) -> float:
-        return _STYLES[self.style][0](self, step)
-
-
-def _constant(s: WarmupSchedule, step: int) -> float:
-    if step < s.warmup_steps:
-        return step / max(1, s.warmup_steps)
-    return 1.0
-
-
-def _cosine(s: WarmupSchedule, step: int) -> float:
-    if step < s.warmup_steps:
-        return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * step / max(1, s.warmup_steps)
-    progress = (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps)
-    wave = math.cos(math.pi * s.num_cycles * 2.0 * progress)
-    return max(s.min_lr_ratio, (1.0 - s.min_lr_ratio) * 0.5 * wave + (1.0 + s.min_lr_ratio) * 0.5)
-
-
-# name -> (multiplier, whether it needs the total number of steps)
-_STYLES: Dict[str, Tuple[Callable[[WarmupSchedule, int], float], bool]] = {
-    "constant": (_constant, False),
-    "cosine": (_cosine, True),
-}
-
-
 def _style(optim: OptimArguments) -> str:
     # lr_scheduler_type is verl's newer name and follows warmup_style unless set
     style = optim.lr_scheduler_type or optim.warmup_style or "constant"
-    if style not in _STYLES:
+    if style not in LR_SCHEDULES:
         raise ConfigError(f"optim.lr_scheduler_type/warmup_style={style!r} is not supported; "
-                          f"supported: {', '.join(sorted(_STYLES))}")
+                          f"supported: {', '.join(sorted(LR_SCHEDULES))}")
     return str(style)
 
 
@@ -114,7 +74,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any,
             raise ConfigError("optim.lr_warmup_steps_ratio needs the number of training steps "
                               "(optim.total_training_steps); or set optim.lr_warmup_steps")
         warmup = int(ratio * total) if ratio > 0 else 0
-    if _STYLES[style][1] and total <= 0:
+    if LR_SCHEDULES[style][1] and total <= 0:
         raise ConfigError(f"a {style} lr schedule needs optim.total_training_steps > 0")
     schedule = WarmupSchedule(style=style, warmup_steps=warmup, total_steps=max(total, 0),
                               min_lr_ratio=float(optim.min_lr_ratio or 0.0),

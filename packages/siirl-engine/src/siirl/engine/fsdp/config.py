@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List
 
+from siirl.engine.common.lr_schedules import LR_SCHEDULES
+from siirl.engine.models.builtin_names import BUILTIN_ASSETS
 from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import (
@@ -135,4 +137,7 @@ SECTION = ConfigSection(
     rules=fsdp_rules,
     constraints=fsdp_constraints,
     value_rules=(at_least(-1, "*.fsdp_config.fsdp_size", " (-1: all workers)"),),
+    # siirl-engine's schedules and built-in models (the megatron backend builds and loads
+    # the same ones); listed once, here, for the validation pass and --help
+    names={"lr_schedules": LR_SCHEDULES, "builtin_models": BUILTIN_ASSETS},
 )

