@@ -103,7 +103,8 @@ def test_reward_manager_name_with_register_picks_an_installed_manager():
     (VERL_MANAGER, "VerlStyleRewardManager", ["no compute_reward", "DataProto",
                                               "RewardManagerBase"]),
     ("from verl import DataProto\n", "X", ["failed to import", "verl", "RewardManagerBase"]),
-    (USER_MANAGER, "Missing", ["'Missing'", "defines no such class"]),
+    (USER_MANAGER, "Missing", ["defines no class 'Missing' (reward_manager.name)",
+                               "it defines ExactMatchRewardManager"]),
 ])
 def test_a_class_that_cannot_serve_is_refused_naming_why(tmp_path, source, name, words):
     path = tmp_path / f"bad_{name}.py"

@@ -104,7 +104,8 @@ def test_custom_function_loading_errors(tmp_path):
     with pytest.raises(ConfigError, match="missing.py.*compute_score"):
         load_custom_function(str(tmp_path / "missing.py"))
     path = write_reward_file(tmp_path, "def other(**kw):\n    return 1.0\n")
-    with pytest.raises(ConfigError, match="'compute_score'.*my_reward.py.*other"):
+    with pytest.raises(ConfigError, match="my_reward.py' defines no function "
+                                          "'compute_score'.*it defines other"):
         NaiveRewardManager(config={"custom_reward_function": {"path": path}},
                            tokenizer=CharTokenizer())
     broken = write_reward_file(tmp_path, "import not_a_module_xyz\n", name="broken.py")

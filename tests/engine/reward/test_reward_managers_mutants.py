@@ -351,7 +351,7 @@ def test_a_missing_function_lists_the_public_functions_of_the_file(tmp_path):
                     "class Scorer:\n    pass\n")
     with pytest.raises(ConfigError) as info:
         load_custom_function(str(path), "compute_score")
-    assert "(functions there: Scorer, score_a)" in str(info.value)
+    assert "; it defines Scorer, score_a" in str(info.value)
     with pytest.raises(ConfigError, match=r"'VALUE' is not a function"):
         load_custom_function(str(path), "VALUE")
 

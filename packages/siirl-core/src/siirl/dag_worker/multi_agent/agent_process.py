@@ -19,14 +19,11 @@ the episode's score so far, and whether it ended.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 from siirl.errors import PipelineError
-
-_LOADED: dict = {}
+from siirl.user_file import UserFile, load_from_file
 
 
 def token_ids(result: Any) -> List[int]:
@@ -38,33 +35,15 @@ def token_ids(result: Any) -> List[int]:
     return [int(t) for t in result]
 
 
-def _module(path: str, where: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise PipelineError(f"{where}: file '{path}' does not exist")
-    key = str(file.resolve())
-    if key not in _LOADED:
-        spec = importlib.util.spec_from_file_location(f"siirl_agent_{len(_LOADED)}", key)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise PipelineError(f"{where}: importing '{path}' raised {type(exc).__name__}: "
-                                f"{exc}") from exc
-        _LOADED[key] = module
-    return _LOADED[key]
-
-
-def load_attr(ref: str, where: str, default_name: Optional[str] = None) -> Any:
-    """``"file.py:Name"`` (or ``"file.py"`` with ``default_name``) -> the object."""
+def load_attr(ref: str, where: str, kind: str, default_name: Optional[str] = None) -> Any:
+    """``"file.py:Name"`` (or ``"file.py"`` with ``default_name``) -> the object, a ``kind``
+    ("function", "class") that the file ``where`` names defines."""
     path, _, name = str(ref).rpartition(":") if ":" in str(ref) else (str(ref), "", "")
     name = name or default_name
     if not name:
         raise PipelineError(f"{where}: '{ref}' must be 'file.py:Name'")
-    module = _module(path, where)
-    if not hasattr(module, name):
-        raise PipelineError(f"{where}: '{path}' defines no '{name}'")
-    return getattr(module, name)
+    return load_from_file(path, name, UserFile(key=where, prefix="siirl_agent_", kind=kind,
+                                               error=PipelineError))
 
 
 class AgentProcess:
@@ -82,14 +61,14 @@ class AgentProcess:
         self._post: Optional[Callable] = None
         if options.get("process_path"):
             path = options["process_path"]
-            self._pre = load_attr(f"{path}:pre_process", f"{where}.process_path")
-            self._post = load_attr(f"{path}:post_process", f"{where}.process_path")
+            self._pre = load_attr(f"{path}:pre_process", f"{where}.process_path", "function")
+            self._post = load_attr(f"{path}:post_process", f"{where}.process_path", "function")
         envs = options.get("env_path") or []
         envs = [envs] if isinstance(envs, str) else list(envs)
         if len(envs) > 1:
             raise PipelineError(f"{where}.env_path: one environment per agent is supported, "
                                 f"got {len(envs)}")
-        self.env_class = load_attr(envs[0], f"{where}.env_path") if envs else None
+        self.env_class = load_attr(envs[0], f"{where}.env_path", "class") if envs else None
 
     def pre(self, tokenizer: Any, prompt_ids: List[int], obs: Any) -> List[int]:
         if self._pre is None:

@@ -18,25 +18,24 @@ installed manager's entry point.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import os
-import sys
 from typing import Any, Dict, Optional, Tuple
 
 from siirl.errors import ConfigError, PluginNotFoundError
 from siirl.plugins import load_plugin, register
+from siirl.user_file import UserFile, load_from_file
 
 GROUP = "siirl.reward_managers"
 SOURCE, NAME = "reward_manager.source", "reward_manager.name"
 PATH, MODULE_NAME = "reward_manager.module.path", "reward_manager.module.name"
-PKG, FILE = "pkg://", "file://"
+PKG = "pkg://"
 VERL_HINT = ("verl's reward managers (an AbstractRewardManager called on a DataProto) do "
              "not run here: write the class as a subclass of siirl.engine.reward_manager."
              "RewardManagerBase (its _score_rows gets each row's data_source, decoded "
              "response, ground truth and extra_info), or keep a registered manager and put "
              "the scoring in custom_reward_function.path")
+MANAGER_FILE = UserFile(key=PATH, prefix="siirl_reward_manager_", kind="class", name_key=NAME,
+                        hint=VERL_HINT)
 
 # (path, module name, class name) -> the class, so every lookup in a process gets one object
 _LOADED: Dict[Tuple[str, Optional[str], str], Any] = {}
@@ -60,7 +59,7 @@ def register_file_reward_manager(config: Any) -> Optional[str]:
     module_name = manager.module.name
     key = (path, None if module_name is None else str(module_name), class_name)
     if key not in _LOADED:
-        cls = getattr(_module(path, key[1]), class_name, None)
+        cls = _load_class(path, key[1], class_name)
         _check_class(cls, class_name, path)
         _LOADED[key] = cls
     cls = _LOADED[key]
@@ -76,46 +75,24 @@ def register_file_reward_manager(config: Any) -> Optional[str]:
     return class_name
 
 
-def _module(path: str, module_name: Optional[str]) -> Any:
+def _load_class(path: str, module_name: Optional[str], class_name: str) -> Any:
     if path.startswith(PKG):
         dotted = path[len(PKG):].replace("/", ".")
         try:
-            return importlib.import_module(dotted)
+            module = importlib.import_module(dotted)
         except Exception as exc:
             raise ConfigError(f"{PATH}={path!r}: importing {dotted} raised "
                               f"{type(exc).__name__}: {exc}. {VERL_HINT}") from exc
-    file = os.path.abspath(os.path.expanduser(path[len(FILE):] if path.startswith(FILE)
-                                              else path))
-    if not os.path.isfile(file):
-        raise ConfigError(f"{PATH}={path!r} is not a file (resolved to '{file}'); it should "
-                          f"be a .py file defining the class {NAME}")
-    name = module_name or "siirl_reward_manager_" + hashlib.sha1(file.encode()).hexdigest()[:12]
-    loaded = sys.modules.get(name)
-    if loaded is not None:
-        if os.path.abspath(getattr(loaded, "__file__", "") or "") == file:
-            return loaded
-        raise ConfigError(f"{MODULE_NAME}={name!r} is already the name of another module "
-                          f"({getattr(loaded, '__file__', None) or 'built in'}); choose "
-                          f"another name for {path}, or null")
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{PATH}={path!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # in sys.modules before it runs: dataclasses and pickle look classes up there
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # an exit at import must not end the run
-        sys.modules.pop(name, None)
-        raise ConfigError(f"{PATH}={path!r} failed to import: {type(exc).__name__}: {exc}. "
-                          f"{VERL_HINT}") from exc
-    return module
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            raise ConfigError(f"{NAME}={class_name!r}: {path} defines no such class "
+                              f"({SOURCE}=importlib loads {NAME} from {PATH})")
+        return cls
+    return load_from_file(path, class_name, MANAGER_FILE, module_name=module_name,
+                          module_name_key=MODULE_NAME)
 
 
 def _check_class(cls: Any, class_name: str, path: str) -> None:
-    if cls is None:
-        raise ConfigError(f"{NAME}={class_name!r}: {path} defines no such class "
-                          f"({SOURCE}=importlib loads {NAME} from {PATH})")
     if not callable(cls) or (isinstance(cls, type) and
                              not callable(getattr(cls, "compute_reward", None))):
         raise ConfigError(f"{NAME}={class_name!r} in {path} has no compute_reward(batch): a "

@@ -6,52 +6,26 @@ loaded there by (path, name) instead of being pickled.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from siirl.errors import ConfigError
+from siirl.user_file import UserFile, defined_names, import_file, load_from_file
 
 # The per-call timeout of the reward managers; never passed to the user function.
 TIMEOUT_KWARG = "timeout_s"
+CUSTOM_FUNCTION_FILE = UserFile(key="custom_reward_function.path", prefix="siirl_custom_reward_",
+                                kind="function", name_key="custom_reward_function.name")
 
 
 def load_custom_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
     """Import ``path`` as a module and return its callable ``name``."""
-    resolved = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.isfile(resolved):
-        raise ConfigError(
-            f"custom_reward_function.path '{path}' is not a file (resolved to '{resolved}'); "
-            f"it should be a .py file defining '{name}'")
-    # One module name per file path, registered in sys.modules before it runs, because
-    # dataclasses and pickle look classes up through sys.modules[cls.__module__].
-    digest = hashlib.sha1(resolved.encode()).hexdigest()[:12]
-    module_name = f"siirl_custom_reward_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, resolved)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"custom_reward_function.path '{path}' cannot be imported "
-                              f"as a Python module (looking for '{name}')")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:  # an exit at import must not end the run
-            sys.modules.pop(module_name, None)
-            raise ConfigError(
-                f"custom_reward_function.path '{path}' failed to import while looking for "
-                f"'{name}': {type(exc).__name__}: {exc}") from exc
-    fn = getattr(module, name, None)
+    fn = load_from_file(path, name, CUSTOM_FUNCTION_FILE)
     if not callable(fn):
-        found = sorted(k for k, v in vars(module).items()
-                       if callable(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == module_name)
+        module = import_file(path, name, CUSTOM_FUNCTION_FILE)  # loaded: the same module
         raise ConfigError(
             f"custom_reward_function.name '{name}' is not a function in '{path}' "
-            f"(functions there: {', '.join(found) or 'none'})")
+            f"(functions there: {', '.join(defined_names(module)) or 'none'})")
     return fn
 
 
