@@ -132,8 +132,11 @@ def megatron_rules(mount: Mount) -> List[Rule]:
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
         refused((f"{prefix}.expert_model_parallel_size", f"{prefix}.expert_tensor_parallel_size"),
                 "expert parallelism is not supported",
-                "expert parallelism is not supported: the megatron bridge builds dense "
-                "Llama/Qwen2 models."),
+                "expert parallelism is not supported by the megatron engine yet: the bridge "
+                "converts Qwen3-MoE and Mixtral models at any expert-parallel size and they "
+                "run at expert_model_parallel_size=1, but the engine does not set up expert "
+                "parallel groups nor reduce expert gradients over them; leave both at 1 "
+                "(null)."),
         refused(f"{prefix}.use_dist_checkpointing", "models are built from HF weights",
                 "the megatron model is always built from the Hugging Face weights of the "
                 "model path; starting from a megatron dist checkpoint is not supported."),
@@ -145,7 +148,8 @@ def megatron_rules(mount: Mount) -> List[Rule]:
         notice(f"{prefix}.seed", "no effect: seeded from trainer.seed",
                "megatron's RNG is seeded from trainer.seed."),
         notice(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",
-               "siiRL's own bridge converts Hugging Face weights (Llama, Qwen2)."),
+               "siiRL's own bridge converts Hugging Face weights (Llama, Qwen2, Qwen3, "
+               "Qwen3-MoE, Mixtral)."),
     ]
 
 
