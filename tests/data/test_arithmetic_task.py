@@ -91,8 +91,8 @@ class _Tok:
 def test_cli_main(tmp_path, capsys):
     main(["--out", str(tmp_path), "--train-size", "40", "--val-size", "8", "--seed", "1"])
     assert "wrote 40 train and 8 val rows" in capsys.readouterr().out
-    train = PartitionedDataset(str(tmp_path / "train.parquet"), _Tok(), {})
-    val = PartitionedDataset(str(tmp_path / "val.parquet"), _Tok(), {})
+    train = PartitionedDataset(str(tmp_path / "train.parquet"), _Tok())
+    val = PartitionedDataset(str(tmp_path / "val.parquet"), _Tok())
     assert (len(train), len(val)) == (40, 8)
     assert train[0]["ground_truth"] == str(eval(train[0]["prompt_text"].rstrip("=")))
     assert val[0]["extra_info"]["split"] == "val"

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from siirl.data_coordinator.dataloader import PartitionedDataset, StatefulDataLoader, read_rows
+from siirl.data_coordinator.settings import DataArguments
 from siirl.errors import DataError
 
 
@@ -43,7 +44,7 @@ def lines(rows):
 
 def error_of(files, config=None, tokenizer=None):
     with pytest.raises(DataError) as info:
-        PartitionedDataset(files, tokenizer or CharTokenizer(), config or {})
+        PartitionedDataset(files, tokenizer or CharTokenizer(), config)
     return str(info.value)
 
 
@@ -127,7 +128,7 @@ def test_a_dataset_emptied_by_the_overlong_filter_names_file_filter_and_counts(t
     long_rows, empty = tmp_path / "train.jsonl", tmp_path / "more.jsonl"
     long_rows.write_text(lines([row("x" * 10)] * 5))
     empty.write_text("")
-    config = {"max_prompt_length": 4, "filter_overlong_prompts": True}
+    config = DataArguments(max_prompt_length=4, filter_overlong_prompts=True)
     message = error_of([str(long_rows), str(empty)], config)
     assert f"{long_rows}: 5 rows, 5 filtered" in message and f"{empty}: 0 rows" in message
     assert "data.filter_overlong_prompts=true" in message
@@ -137,7 +138,7 @@ def test_a_dataset_emptied_by_the_overlong_filter_names_file_filter_and_counts(t
 def test_an_overlong_prompt_without_the_filter_names_row_and_limit(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(lines([row("ab"), row("x" * 10)]))
-    message = error_of(str(path), {"max_prompt_length": 4})
+    message = error_of(str(path), DataArguments(max_prompt_length=4))
     assert str(path) in message and "row 1" in message and "data.max_prompt_length=4" in message
 
 
@@ -145,7 +146,7 @@ def test_fewer_rows_than_a_batch_names_the_files_and_the_batch_size(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(lines([row("x" * 10), row(), row(), row()]))
     dataset = PartitionedDataset(str(path), CharTokenizer(),
-                                 {"max_prompt_length": 6, "filter_overlong_prompts": True})
+                                 DataArguments(max_prompt_length=6, filter_overlong_prompts=True))
     with pytest.raises(DataError) as info:
         StatefulDataLoader(dataset, batch_size=8, pad_token_id=0, rank=0, num_ranks=2)
     message = str(info.value)

@@ -7,7 +7,6 @@ that change nothing observable.
 """
 
 import json
-import types
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +22,8 @@ from siirl.data_coordinator.dataloader import (
     read_rows,
 )
 from siirl.data_coordinator.fields import RAW_PROMPT, SAMPLE_ID
-from siirl.errors import DataError
+from siirl.data_coordinator.settings import DataArguments
+from siirl.errors import ConfigError, DataError
 
 
 class CharTokenizer:
@@ -56,17 +56,19 @@ def jsonl(path, rows):
 
 # ---- config, tokenizers -----------------------------------------------------------------
 
-def test_any_mapping_is_read_as_the_data_config(tmp_path):
+def test_the_typed_data_section_is_read(tmp_path):
     files = jsonl(tmp_path / "d.jsonl", [row("abcdef")])
-    config = types.MappingProxyType({"max_prompt_length": 3, "truncation": "right"})
+    config = DataArguments(max_prompt_length=3, truncation="right")
     data = PartitionedDataset(files, CharTokenizer(), config)
     assert data[0]["input_ids"].tolist() == [ord("a"), ord("b"), ord("c")]
 
 
-def test_a_config_value_of_none_means_the_default(tmp_path):
+def test_a_mapping_is_refused_naming_the_typed_section(tmp_path):
+    """Defaults live on DataArguments' fields only: a dict or DictConfig, whose missing keys
+    would need defaults of their own, is refused."""
     files = jsonl(tmp_path / "d.jsonl", [row("x" * 600)])
-    for config in ({"max_prompt_length": None}, OmegaConf.create({"max_prompt_length": None})):
-        with pytest.raises(DataError, match="more than data.max_prompt_length=512"):
+    for config in ({"max_prompt_length": 600}, OmegaConf.create({"max_prompt_length": 600})):
+        with pytest.raises(ConfigError, match=r"DataArguments.*not a (dict|DictConfig)"):
             PartitionedDataset(files, CharTokenizer(), config)
 
 
@@ -80,19 +82,20 @@ def test_the_default_prompt_limit_is_512_tokens(tmp_path):
 def test_overlong_prompts_are_not_filtered_unless_asked(tmp_path):
     files = jsonl(tmp_path / "d.jsonl", [row("x" * 5), row("y")])
     with pytest.raises(DataError, match="more than data.max_prompt_length=2"):
-        PartitionedDataset(files, CharTokenizer(), {"max_prompt_length": 2})
-    kept = PartitionedDataset(files, CharTokenizer(), {"max_prompt_length": 2,
-                                                       "filter_overlong_prompts": True})
+        PartitionedDataset(files, CharTokenizer(), DataArguments(max_prompt_length=2))
+    kept = PartitionedDataset(files, CharTokenizer(),
+                              DataArguments(max_prompt_length=2, filter_overlong_prompts=True))
     assert len(kept) == 1 and kept.num_filtered == 1
 
 
 def test_chat_template_kwargs_reach_the_template(tmp_path):
     tokenizer = TemplateTokenizer()
     files = jsonl(tmp_path / "d.jsonl", [row("ab")])
-    data = PartitionedDataset(files, tokenizer, {"apply_chat_template_kwargs": {"shout": True}})
+    data = PartitionedDataset(files, tokenizer,
+                              DataArguments(apply_chat_template_kwargs={"shout": True}))
     assert tokenizer.template_kwargs == [{"shout": True}]
     assert data[0]["prompt_text"] == "ab!"
-    plain = PartitionedDataset(files, TemplateTokenizer(), {})
+    plain = PartitionedDataset(files, TemplateTokenizer())
     assert plain[0]["prompt_text"] == "ab"
 
 
@@ -157,11 +160,11 @@ def test_encode_text_adds_no_special_tokens_whatever_the_tokenizer_shape():
 
 def test_left_truncation_to_zero_tokens_keeps_nothing(tmp_path):
     files = jsonl(tmp_path / "d.jsonl", [row("abc")])
-    data = PartitionedDataset(files, CharTokenizer(), {"max_prompt_length": 0,
-                                                       "truncation": "left"})
+    data = PartitionedDataset(files, CharTokenizer(),
+                              DataArguments(max_prompt_length=0, truncation="left"))
     assert data[0]["input_ids"].tolist() == []
-    one = PartitionedDataset(files, CharTokenizer(), {"max_prompt_length": 1,
-                                                      "truncation": "left"})
+    one = PartitionedDataset(files, CharTokenizer(),
+                             DataArguments(max_prompt_length=1, truncation="left"))
     assert one[0]["input_ids"].tolist() == [ord("c")]
 
 
@@ -345,8 +348,8 @@ def test_an_empty_dataset_says_whether_files_were_empty_or_filtered(tmp_path):
     assert f"({empty}: 0 rows; {other}: 0 rows)" in text and "empty or holds" in text
     files = jsonl(tmp_path / "d.jsonl", [row("abc"), row("def")])
     with pytest.raises(DataError) as info:
-        PartitionedDataset(files, CharTokenizer(), {"max_prompt_length": 1,
-                                                    "filter_overlong_prompts": True})
+        PartitionedDataset(files, CharTokenizer(),
+                           DataArguments(max_prompt_length=1, filter_overlong_prompts=True))
     text = str(info.value)
     assert f"({files}: 2 rows, 2 filtered)" in text and "removed all 2 rows" in text
 

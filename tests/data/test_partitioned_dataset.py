@@ -2,15 +2,14 @@
 
 import json
 import logging
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from siirl.data_coordinator.dataloader import PartitionedDataset
+from siirl.data_coordinator.settings import DataArguments
 from siirl.data_coordinator.tasks.arithmetic import make_rows, write_jsonl, write_parquet
 from siirl.errors import ConfigError, DataError
 
@@ -59,7 +58,7 @@ def _jsonl(path, rows):
 def test_parquet_items(tmp_path):
     rows = make_rows(6, seed=0)
     write_parquet(rows, tmp_path / "a.parquet")
-    ds = PartitionedDataset(str(tmp_path / "a.parquet"), CharTokenizer(), {})
+    ds = PartitionedDataset(str(tmp_path / "a.parquet"), CharTokenizer())
     assert len(ds) == 6 and ds.num_filtered == 0
     for i in range(6):
         item, row = ds[i], rows[i]
@@ -79,7 +78,7 @@ def test_jsonl_and_json_array_match_parquet(tmp_path):
     write_jsonl(rows, tmp_path / "a.jsonl")
     (tmp_path / "a.json").write_text(json.dumps(rows))
     tok = CharTokenizer()
-    sets = [PartitionedDataset(str(tmp_path / n), tok, {}) for n in ("a.parquet", "a.jsonl",
+    sets = [PartitionedDataset(str(tmp_path / n), tok) for n in ("a.parquet", "a.jsonl",
                                                                      "a.json")]
     for i in range(5):
         a, b, c = (s[i] for s in sets)
@@ -93,12 +92,12 @@ def test_chat_template_and_plain_join(tmp_path):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]
     row = {**_row("x"), "prompt": msgs}
     path = _jsonl(tmp_path / "c.jsonl", [row])
-    templ = PartitionedDataset(path, TemplateTokenizer(), {})[0]
+    templ = PartitionedDataset(path, TemplateTokenizer())[0]
     assert templ["prompt_text"] == "<system>be brief<user>2+2=<assistant>"
     assert templ["input_ids"].tolist() == [ord(c) for c in templ["prompt_text"]]
-    plain = PartitionedDataset(path, CharTokenizer(), {})[0]
+    plain = PartitionedDataset(path, CharTokenizer())[0]
     assert plain["prompt_text"] == "be brief\n2+2="
-    called = PartitionedDataset(path, CallableTokenizer(), {})[0]
+    called = PartitionedDataset(path, CallableTokenizer())[0]
     assert called["prompt_text"] == "be brief\n2+2="
     assert torch.equal(called["input_ids"], plain["input_ids"])
 
@@ -107,25 +106,13 @@ def test_several_files_tilde_and_global_index(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     write_parquet(make_rows(3, seed=0), tmp_path / "a.parquet")
     _jsonl(tmp_path / "b.jsonl", [_row("hello"), _row("world")])
-    ds = PartitionedDataset(["~/a.parquet", "~/b.jsonl"], CharTokenizer(), {})
+    ds = PartitionedDataset(["~/a.parquet", "~/b.jsonl"], CharTokenizer())
     assert [ds[i]["index"] for i in range(len(ds))] == [0, 1, 2, 3, 4]
     assert ds[4]["prompt_text"] == "world"
 
 
-@dataclass
-class _Cfg:
-    max_prompt_length: int = 4
-    filter_overlong_prompts: bool = True
-    prompt_key: str = "prompt"
-
-
-@pytest.mark.parametrize("cfg", [
-    {"max_prompt_length": 4, "filter_overlong_prompts": True},
-    OmegaConf.create({"max_prompt_length": 4, "filter_overlong_prompts": True,
-                      "truncation": "error"}),
-    _Cfg(),
-], ids=["dict", "dictconfig", "dataclass"])
-def test_filter_overlong(tmp_path, caplog, cfg):
+def test_filter_overlong(tmp_path, caplog):
+    cfg = DataArguments(max_prompt_length=4, filter_overlong_prompts=True)
     texts = ["abc", "abcdef", "abcd", "abcdefgh", "a"]
     path = _jsonl(tmp_path / "f.jsonl", [_row(t) for t in texts])
     with caplog.at_level(logging.INFO, logger="siirl.data_coordinator.dataloader"):
@@ -138,16 +125,17 @@ def test_filter_overlong(tmp_path, caplog, cfg):
 def test_truncation(tmp_path):
     path = _jsonl(tmp_path / "t.jsonl", [_row("ab"), _row("abc"), _row("abcdefg")])
     with pytest.raises(DataError) as err:
-        PartitionedDataset(path, CharTokenizer(), {"max_prompt_length": 3})
+        PartitionedDataset(path, CharTokenizer(), DataArguments(max_prompt_length=3))
     assert path in str(err.value) and "row 2" in str(err.value) and "7 tokens" in str(err.value)
-    left = PartitionedDataset(path, CharTokenizer(), {"max_prompt_length": 3, "truncation": "left"})
+    left = PartitionedDataset(path, CharTokenizer(),
+                              DataArguments(max_prompt_length=3, truncation="left"))
     assert left[2]["input_ids"].tolist() == [ord(c) for c in "efg"]
     right = PartitionedDataset(path, CharTokenizer(),
-                               {"max_prompt_length": 3, "truncation": "right"})
+                               DataArguments(max_prompt_length=3, truncation="right"))
     assert right[2]["input_ids"].tolist() == [ord(c) for c in "abc"]
     assert right[2]["prompt_text"] == "abcdefg" and right.num_filtered == 0
     with pytest.raises(ConfigError, match="truncation"):
-        PartitionedDataset(path, CharTokenizer(), {"truncation": "middle-out"})
+        PartitionedDataset(path, CharTokenizer(), DataArguments(truncation="middle-out"))
 
 
 def _drop(key):
@@ -180,7 +168,7 @@ def test_bad_row_names_file_row_field(tmp_path, field, mutate):
     mutate(rows[2])
     path = _jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DataError) as err:
-        PartitionedDataset(path, CharTokenizer(), {})
+        PartitionedDataset(path, CharTokenizer())
     msg = str(err.value)
     assert path in msg and "row 2" in msg and field in msg, msg
 
@@ -190,15 +178,15 @@ def test_bad_parquet_column_and_files(tmp_path):
                       "prompt": [[{"role": "user", "content": "q"}]]})
     pq.write_table(table, tmp_path / "p.parquet")
     with pytest.raises(DataError, match=r"p\.parquet: row 0: missing required field 'reward"):
-        PartitionedDataset(str(tmp_path / "p.parquet"), CharTokenizer(), {})
+        PartitionedDataset(str(tmp_path / "p.parquet"), CharTokenizer())
     with pytest.raises(DataError, match="not found"):
-        PartitionedDataset(str(tmp_path / "nope.parquet"), CharTokenizer(), {})
+        PartitionedDataset(str(tmp_path / "nope.parquet"), CharTokenizer())
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(DataError, match="unsupported"):
-        PartitionedDataset(str(tmp_path / "x.csv"), CharTokenizer(), {})
+        PartitionedDataset(str(tmp_path / "x.csv"), CharTokenizer())
     (tmp_path / "j.jsonl").write_text(json.dumps(_row("a")) + "\n{oops\n")
     with pytest.raises(DataError, match="row 1: not valid JSON"):
-        PartitionedDataset(str(tmp_path / "j.jsonl"), CharTokenizer(), {})
+        PartitionedDataset(str(tmp_path / "j.jsonl"), CharTokenizer())
 
 
 def test_custom_prompt_key_and_extra_info_forms(tmp_path):
@@ -206,11 +194,11 @@ def test_custom_prompt_key_and_extra_info_forms(tmp_path):
             {**_row("q2"), "extra_info": None}, {**_row("q3"), "extra_info": '{"a": 1}'}]
     path = _jsonl(tmp_path / "k.jsonl", rows)
     ds = PartitionedDataset(_jsonl(tmp_path / "k1.jsonl", rows[:1]), CharTokenizer(),
-                            {"prompt_key": "question"})
+                            DataArguments(prompt_key="question"))
     assert ds[0]["prompt_text"] == "custom"
     with pytest.raises(DataError, match="row 1: missing required field 'question'"):
-        PartitionedDataset(path, CharTokenizer(), {"prompt_key": "question"})
-    ds = PartitionedDataset(path, CharTokenizer(), {})
+        PartitionedDataset(path, CharTokenizer(), DataArguments(prompt_key="question"))
+    ds = PartitionedDataset(path, CharTokenizer())
     assert ds[1]["extra_info"] == {} and ds[2]["extra_info"] == {"a": 1}
 
 
@@ -220,7 +208,7 @@ def test_partitioning_covers_all_once(tmp_path, world_size, n):
     # rows 3 and 5 are overlong and filtered before partitioning
     rows = [_row("x" * (9 if i in (3, 5) else 2)) for i in range(n)]
     path = _jsonl(tmp_path / "p.jsonl", rows)
-    cfg = {"max_prompt_length": 5, "filter_overlong_prompts": True}
+    cfg = DataArguments(max_prompt_length=5, filter_overlong_prompts=True)
     parts = [PartitionedDataset(path, CharTokenizer(), cfg, rank=r, world_size=world_size)
              for r in range(world_size)]
     seen = [p[i]["index"] for p in parts for i in range(len(p))]
@@ -235,4 +223,4 @@ def test_partitioning_covers_all_once(tmp_path, world_size, n):
 
 def test_bad_rank():
     with pytest.raises(ConfigError):
-        PartitionedDataset("x.parquet", CharTokenizer(), {}, rank=2, world_size=2)
+        PartitionedDataset("x.parquet", CharTokenizer(), rank=2, world_size=2)

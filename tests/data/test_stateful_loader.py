@@ -120,7 +120,7 @@ def test_resume_bitwise(tmp_path, k):
         def encode(self, text, add_special_tokens=False):
             return [ord(c) for c in text]
 
-    ds = PartitionedDataset(str(tmp_path / "a.parquet"), Tok(), {})
+    ds = PartitionedDataset(str(tmp_path / "a.parquet"), Tok())
     make = lambda: StatefulDataLoader(ds, 6, Tok.pad_token_id, seed=11)  # noqa: E731
     reference = _take(make(), 12)  # 4 batches per epoch: 3 epochs
 
@@ -180,7 +180,7 @@ def test_uneven_shares_same_batch_count(tmp_path, n, world_size, bs):
         def encode(self, text, add_special_tokens=False):
             return [ord(c) for c in text]
 
-    loaders = [StatefulDataLoader(PartitionedDataset(str(tmp_path / "a.parquet"), Tok(), {},
+    loaders = [StatefulDataLoader(PartitionedDataset(str(tmp_path / "a.parquet"), Tok(),
                                                      rank=r, world_size=world_size), bs, PAD)
                for r in range(world_size)]
     counts = {len(ld) for ld in loaders}

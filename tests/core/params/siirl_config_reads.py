@@ -106,8 +106,12 @@ def _section_modules() -> Set[Path]:
     from importlib.metadata import entry_points
     from importlib.util import find_spec
 
-    return {Path(find_spec(ep.module).origin).resolve()
-            for ep in entry_points(group="siirl.config")}
+    modules = {Path(find_spec(ep.module).origin).resolve()
+               for ep in entry_points(group="siirl.config")}
+    # and the groups core's schema imports from a package below it (siirl-data's ``data``)
+    import siirl.data_coordinator.settings as data_settings
+
+    return modules | {Path(data_settings.__file__).resolve()}
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from siirl.data_coordinator.fields import (
     PROMPT_TEXT,
     RAW_PROMPT,
 )
+from siirl.data_coordinator.settings import DataArguments
 from siirl.errors import ConfigError, DataError
 
 __all__ = ["PartitionedDataset", "encode_text", "render_prompt", "read_rows"]
@@ -41,15 +42,17 @@ logger = logging.getLogger(__name__)
 _TRUNCATION = ("error", "left", "right")
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a DictConfig, dict, dataclass or plain object (or None)."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict) or (hasattr(cfg, "get") and hasattr(cfg, "keys")):
-        value = cfg.get(key, default)  # DictConfig and dict
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
+def _typed(data_config: DataArguments | None) -> DataArguments:
+    """The typed ``data`` section (None: its defaults); a mapping is refused, so that every
+    default is the one on its field."""
+    if data_config is None:
+        return DataArguments()
+    if isinstance(data_config, Mapping):  # a dict or DictConfig
+        raise ConfigError(f"PartitionedDataset reads the typed data section "
+                          f"(siirl.data_coordinator.settings.DataArguments, as the run's "
+                          f"config.data), not a {type(data_config).__name__}: pass "
+                          f"DataArguments(**settings) or config.data")
+    return data_config
 
 
 def _as_paths(files: str | os.PathLike | Sequence) -> list[str]:
@@ -155,27 +158,29 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 class PartitionedDataset:
     """This rank's rows of one or more prompt files, tokenized (``input_ids`` unpadded).
 
-    ``data_config`` keys (verl ``data.*``): ``prompt_key`` ("prompt"), ``max_prompt_length``
-    (512), ``filter_overlong_prompts`` (False), ``truncation`` ("error" | "left" | "right"),
-    ``apply_chat_template_kwargs`` ({}), ``return_raw_chat`` (read for verl compatibility;
-    ``raw_prompt`` is always returned because the batch contract lists it).
+    ``data_config`` is the typed ``data`` section (:class:`DataArguments`; None: its
+    defaults), of which it reads ``prompt_key``, ``max_prompt_length``,
+    ``filter_overlong_prompts``, ``truncation`` ("error" | "left" | "right") and
+    ``apply_chat_template_kwargs``. ``raw_prompt`` is always returned because the batch
+    contract lists it (verl's ``return_raw_chat`` has no effect).
     ``prompt_text`` is the full rendered prompt, before any truncation.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, tokenizer: Any,
-                 data_config: Any = None, rank: int = 0, world_size: int = 1):
+                 data_config: DataArguments | None = None, rank: int = 0,
+                 world_size: int = 1):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, "
                               f"world_size={world_size}")
         self.files = _as_paths(files)
         self.tokenizer = tokenizer
         self.rank, self.world_size = rank, world_size
-        self.prompt_key = _get(data_config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_get(data_config, "max_prompt_length", 512))
-        self.filter_overlong = bool(_get(data_config, "filter_overlong_prompts", False))
-        self.truncation = str(_get(data_config, "truncation", "error"))
-        self.return_raw_chat = bool(_get(data_config, "return_raw_chat", False))
-        template_kwargs = dict(_get(data_config, "apply_chat_template_kwargs", {}) or {})
+        data_config = _typed(data_config)
+        self.prompt_key = data_config.prompt_key
+        self.max_prompt_length = data_config.max_prompt_length
+        self.filter_overlong = data_config.filter_overlong_prompts
+        self.truncation = data_config.truncation
+        template_kwargs = dict(data_config.apply_chat_template_kwargs)
         if self.truncation not in _TRUNCATION:
             raise ConfigError(f"data.truncation must be one of {_TRUNCATION}, "
                               f"got {self.truncation!r}")
