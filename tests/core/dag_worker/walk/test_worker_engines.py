@@ -181,3 +181,17 @@ def test_no_engine_with_a_tokenizer_gives_none(fake_rollout):
     engines = WorkerEngines(to_typed(ROLLOUT_CONFIG), worker=None)
     engines.build(["rollout"])
     assert engines.tokenizer() is None
+
+
+def test_every_role_of_the_table_is_an_attribute_built_once_on_first_use():
+    from siirl.dag_worker.walk.engine_api import ROLE_PROTOCOLS
+    from siirl.dag_worker.walk.engines import BUILD_ORDER, ROLE_SOURCES
+
+    assert set(ROLE_SOURCES) == set(BUILD_ORDER) == set(ROLE_PROTOCOLS)
+    engines, built = WorkerEngines(config=None, worker=None), []
+    engines._create = lambda role: built.append(role) or f"engine of {role}"
+    for role in BUILD_ORDER:
+        assert getattr(engines, role) == f"engine of {role}"
+        assert getattr(engines, role) == f"engine of {role}" and role in engines
+    assert built == list(BUILD_ORDER)  # each built once, when first asked for
+    assert not hasattr(engines, "planner")

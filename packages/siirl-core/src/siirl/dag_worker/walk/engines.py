@@ -186,26 +186,17 @@ class WorkerEngines:
     def __contains__(self, role: str) -> bool:
         return role in self._engines
 
-    @property
-    def actor(self) -> Any:
-        return self.get("actor")
 
-    @property
-    def rollout(self) -> Any:
-        return self.get("rollout")
+class RoleEngine:
+    """``engines.<role>``: the engine of that role, built on first use (``get``)."""
 
-    @property
-    def reference(self) -> Any:
-        return self.get("reference")
+    def __init__(self, role: str):
+        self.role = role
 
-    @property
-    def critic(self) -> Any:
-        return self.get("critic")
+    def __get__(self, engines: Any, owner: Any = None) -> Any:
+        return self if engines is None else engines.get(self.role)
 
-    @property
-    def reward(self) -> Any:
-        return self.get("reward")
 
-    @property
-    def reward_model(self) -> Any:
-        return self.get("reward_model")
+# one attribute per role of the table, so a role added there is reachable as engines.<role>
+for _role in ROLE_SOURCES:
+    setattr(WorkerEngines, _role, RoleEngine(_role))
