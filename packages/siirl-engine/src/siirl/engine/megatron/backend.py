@@ -37,7 +37,8 @@ class MegatronBackend:
                  dp_size: int = 1, dp_group: Any = None, tp_group: Any = None,
                  grad_clip: Any = 1.0, grad_sync: Optional[Callable[[], None]] = None,
                  replicated: Optional[Dict[str, torch.nn.Module]] = None,
-                 hf_module: Optional[torch.nn.Module] = None):
+                 hf_module: Optional[torch.nn.Module] = None,
+                 export_dtype: Optional[torch.dtype] = None):
         self.module, self.optimizer = module, optimizer
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
@@ -47,6 +48,8 @@ class MegatronBackend:
         self.replicated = replicated or {}  # plain modules beside the GPT (value head)
         # the transformers model the weights are exported as (the rollout's copy)
         self.hf_module = hf_module
+        # the dtype the weight sync sends (the rollout's; None: as trained)
+        self.export_dtype = export_dtype
         self.stages = PipelineStages(sequence_multiple(model_chunks(self.schedule_model)[0]
                                                        .config))
 
@@ -108,10 +111,14 @@ class MegatronBackend:
 
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """HF-named full tensors of the whole model, in buckets, on every rank (collective
-        over the tensor- and pipeline-parallel groups)."""
-        return iter_pipeline_hf_weights(self.schedule_model, self.hf_module.config,
-                                        bucket_bytes,
-                                        tp_group=self.tp_group, stages=self.stages)
+        over the tensor- and pipeline-parallel groups), in ``export_dtype``."""
+        buckets = iter_pipeline_hf_weights(self.schedule_model, self.hf_module.config,
+                                           bucket_bytes,
+                                           tp_group=self.tp_group, stages=self.stages)
+        dtype = self.export_dtype
+        for bucket in buckets:
+            yield bucket if dtype is None else [(name, tensor.to(dtype))
+                                                for name, tensor in bucket]
 
     def export_hf(self, directory: str, tokenizer: Any) -> None:
         """The HF copy refreshed from the megatron weights (collective), saved as a

@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount, size, workers, workers_text
-from siirl.params.value_rules import at_least
+from siirl.params.value_rules import at_least, one_of
 from siirl.plugins import install_hint
 
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
@@ -33,6 +33,10 @@ _NO_PACKING = (
 _NO_DYNAMIC_BSZ = ("dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
                    "pipeline schedule needs micro-batches of equal rows.")
 _ULYSSES = "ulysses_sequence_parallel_size"
+FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
+                "multiplied before every backward, steps skipped on overflow), which the "
+                "megatron engines do not wire up; bfloat16 has float32's exponent range and "
+                "needs none: use dtype=bfloat16 (or float32).")
 
 
 @dataclass
@@ -47,6 +51,9 @@ class MegatronArguments:
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
+    # bfloat16: bf16 weights and compute, fp32 main weights in megatron's mixed-precision
+    # optimizer (verl's default); float32 here by default so runs keep their numbers
+    dtype: str = "float32"
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: str | None = None
     seed: int = 42
@@ -126,6 +133,8 @@ def megatron_rules(mount: Mount) -> List[Rule]:
         ]
     optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
     return _role_keys(mount) + rules + [
+        refused(f"{prefix}.dtype", "float16 is not wired (loss scaling)", FP16_REFUSED,
+                lambda config, key: str(get(config, key)) == "float16"),
         refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
                                                 else ()), "megatron offload is not implemented",
                 _MEGATRON_OFFLOAD),
@@ -215,7 +224,8 @@ SECTION = ConfigSection(
     model_parallel=model_parallel,
     model_parallel_keys=f"{ACTOR}.megatron.tensor_model_parallel_size (x pipeline x context)",
     # tensor_model_parallel_size: core's rule on every *tensor_model_parallel_size
-    value_rules=(at_least(1, ("*.megatron.pipeline_model_parallel_size",
+    value_rules=(one_of(("float32", "bfloat16", "float16"), ("*.megatron.dtype",)),
+                 at_least(1, ("*.megatron.pipeline_model_parallel_size",
                               "*.megatron.context_parallel_size",
                               "*.megatron.expert_model_parallel_size")),
                  at_least(1, ("*.megatron.virtual_pipeline_model_parallel_size",

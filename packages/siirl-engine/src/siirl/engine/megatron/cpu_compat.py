@@ -17,9 +17,9 @@ Megatron's ``DistributedDataParallel`` (synchronous grad sync) and its optimizer
 distributed, fp32 params, torch's AdamW fallback) are covered too; gloo supports the
 reduce-scatter / all-gather (coalesced) they issue. Not covered (they stay GPU-only):
 activation recomputation (``tensor_parallel.checkpoint`` saves/restores CUDA RNG states),
-Transformer Engine, fused kernels, CUDA graphs, the inference KV cache, bf16/fp16 main-param
-copies in the distributed optimizer, and DDP with several distributed-optimizer instances
-(CUDA streams).
+Transformer Engine, fused kernels, CUDA graphs, the inference KV cache, and DDP with several
+distributed-optimizer instances (CUDA streams). bf16 parameters with fp32 main copies (megatron's
+``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``) run here too.
 """
 
 from __future__ import annotations
@@ -295,42 +295,51 @@ def _patch_clip_grads() -> None:
     optimizer.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32
 
 
-def _cuda_float_type(*args, **kwargs) -> str:
-    if args or kwargs:  # a conversion, not the type query: nothing in that function does this
-        raise NotImplementedError("cpu_compat: Tensor.type(dtype) is not adapted here")
-    return "torch.cuda.FloatTensor"
+# the CUDA type names megatron's optimizers sort parameters by (param.type())
+_CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor",
+                    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+                    torch.float16: "torch.cuda.HalfTensor"}
 
 
-def _patch_distrib_optimizer_param_types() -> None:
-    """``DistributedOptimizer._build_model_and_main_param_groups`` sorts parameters by
-    ``param.type()``: 'torch.cuda.HalfTensor' / 'torch.cuda.BFloat16Tensor' get an fp32 main
-    copy, 'torch.cuda.FloatTensor' is optimised in place (a view of its shard), anything else
-    raises TypeError -- so a CPU fp32 parameter ('torch.FloatTensor') is refused. The wrapper
-    runs the original with each CPU fp32 parameter answering ``type()`` with the CUDA name
-    of the same dtype (an instance attribute that shadows the method for that call only), so
-    it takes the fp32 branch, which only slices ``param.view(-1)`` and copies TP attributes:
-    the same shard views a GPU run builds. Half / bf16 CPU parameters are not adapted (they
-    still raise)."""
-    module = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
-    cls = module.DistributedOptimizer
-    original = cls.__dict__["_build_model_and_main_param_groups"].__func__
-    if getattr(original, "_siirl_cpu", False):
-        return
+def _cuda_type_query(name: str):
+    def type_(*args, **kwargs) -> str:
+        if args or kwargs:  # a conversion, not the type query: nothing there does this
+            raise NotImplementedError("cpu_compat: Tensor.type(dtype) is not adapted here")
+        return name
+    return type_
 
-    def _build_model_and_main_param_groups(klass, gbuf_ranges, param_gbuf_map, opt_group_ranges,
-                                           config):
-        shadowed = [param for group in opt_group_ranges for param in group["params"]
-                    if param.device.type == "cpu" and param.dtype == torch.float32]
-        for param in shadowed:
-            param.type = _cuda_float_type
-        try:
-            return original(klass, gbuf_ranges, param_gbuf_map, opt_group_ranges, config)
-        finally:
-            for param in shadowed:
-                del param.__dict__["type"]
 
-    _build_model_and_main_param_groups._siirl_cpu = True
-    cls._build_model_and_main_param_groups = classmethod(_build_model_and_main_param_groups)
+def _patch_optimizer_param_types() -> None:
+    """megatron's mixed-precision optimizers sort parameters by ``param.type()`` in their
+    ``__init__`` (``Float16OptimizerWithFloat16Params``; ``DistributedOptimizer`` and its
+    ``_build_model_and_main_param_groups``): 'torch.cuda.HalfTensor' / 'BFloat16Tensor' get
+    an fp32 main copy, 'torch.cuda.FloatTensor' is optimised in place, anything else raises
+    TypeError -- so every CPU parameter ('torch.FloatTensor', 'torch.BFloat16Tensor') is
+    refused. The wrapper runs the original ``__init__`` with each CPU parameter of the
+    torch optimizer answering ``type()`` with the CUDA name of its own dtype (an instance
+    attribute that shadows the method for that call only): the same branches, hence the
+    same fp32 main copies and shard views, a GPU run builds."""
+    optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
+    distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    for cls in (optimizer.Float16OptimizerWithFloat16Params, distrib.DistributedOptimizer):
+        original = cls.__dict__["__init__"]
+        if getattr(original, "_siirl_cpu", False):
+            continue
+
+        def __init__(self, torch_optimizer, *args, _original=original, **kwargs):
+            params = [param for group in getattr(torch_optimizer, "param_groups", ())
+                      for param in group["params"]
+                      if param.device.type == "cpu" and param.dtype in _CUDA_TYPE_NAMES]
+            for param in params:
+                param.type = _cuda_type_query(_CUDA_TYPE_NAMES[param.dtype])
+            try:
+                _original(self, torch_optimizer, *args, **kwargs)
+            finally:
+                for param in params:
+                    param.__dict__.pop("type", None)
+
+        __init__._siirl_cpu = True
+        cls.__init__ = __init__
 
 
 def _install_rng_tracker() -> None:
@@ -370,7 +379,7 @@ def enable_cpu_mode(force: bool = False) -> bool:
     _install_rng_tracker()
     _patch_tied_embedding_setup()
     _patch_clip_grads()
-    _patch_distrib_optimizer_param_types()
+    _patch_optimizer_param_types()
     from siirl.engine.megatron.cpu_compat_moe import enable_moe_cpu_mode
 
     enable_moe_cpu_mode()  # the MoE layer's (siirl.engine.megatron.cpu_compat_moe)

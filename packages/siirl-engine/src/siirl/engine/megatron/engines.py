@@ -30,6 +30,11 @@ from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
 from siirl.engine.megatron.backend import MegatronBackend
 from siirl.engine.megatron.heads import MegatronBackbone, logprob_heads, value_heads
+from siirl.engine.megatron.mixed_precision import (
+    params_dtype,
+    rollout_weight_dtype,
+    with_main_params,
+)
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
 from siirl.engine.models.loader import load_model_and_tokenizer
 from siirl.errors import ConfigError
@@ -71,7 +76,7 @@ def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
 
 
 def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp: int,
-                     tp_group: Any):
+                     tp_group: Any, dtype: torch.dtype):
     """(optimizer, grad sync): megatron's DDP + distributed optimizer (or its plain one
     with ``use_distributed_optimizer=false``); with virtual pipeline chunks torch AdamW
     and an all-reduce (megatron's DDP wraps one chunk per instance: not wired yet)."""
@@ -85,8 +90,13 @@ def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp
                                  bool(actor_cfg.megatron.use_distributed_optimizer)), None
     logger.warning("virtual pipeline stages: the actor uses torch AdamW with gradients "
                    "all-reduced over data parallelism, not megatron's distributed optimizer")
-    return (build_optimizer(model.parameters(), actor_cfg.optim),
+    return (with_main_params(build_optimizer(model.parameters(), actor_cfg.optim), dtype),
             grad_averager(model, group, dp, tp_group))
+
+
+def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
+    """The role's ``megatron.dtype`` (each role reads its own section, as in verl)."""
+    return params_dtype(megatron_section.dtype, key)
 
 
 def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
@@ -95,11 +105,14 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     hf_model, tokenizer = load_policy(cfg)
-    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg))
-    optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group)
+    dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
+                        "actor_rollout_ref.actor.megatron.dtype")
+    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype)
+    optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
                               tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
-                              grad_sync=grad_sync, hf_module=hf_model)
+                              grad_sync=grad_sync, hf_module=hf_model,
+                              export_dtype=rollout_weight_dtype(cfg, dtype))
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,
                        initial_module=copy.deepcopy(hf_model) if dp > 1 else None)
 
@@ -113,7 +126,9 @@ def megatron_reference(config: Any, worker: Any = None,
     init_megatron(cfg, run_seed(cfg))  # one parallel state per process: the actor's sizes
     rank, dp, _, _ = _parallel_groups()
     hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
-    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg))
+    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg),
+                                 _role_dtype(cfg.actor_rollout_ref.ref.megatron,
+                                             "actor_rollout_ref.ref.megatron.dtype"))
     model.requires_grad_(False)
     model.eval()
     return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp),
@@ -127,10 +142,12 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
-    model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg))
+    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype")
+    model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype)
     module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
+    optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype)
     backend = MegatronBackend(
-        module, build_optimizer(module.parameters(), cfg.critic.optim), schedule_model=model,
+        module, optimizer, schedule_model=model,
         dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group,
         grad_clip=cfg.critic.grad_clip, grad_sync=grad_averager(module, group, dp, tp_group),
         replicated={"value_head": module.value_head})

@@ -63,4 +63,5 @@ class MegatronBackbone(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
         forward_logits(self._last, input_ids, position_ids, attention_mask)
         hidden, self._hidden = gather_sequence(self._hidden, self._last.config), None
-        return hidden.transpose(0, 1)  # megatron's [S, B, H] -> [B, S, H]
+        # megatron's [S, B, H] -> [B, S, H]; the fp32 value head reads bf16 states as fp32
+        return hidden.transpose(0, 1).float()

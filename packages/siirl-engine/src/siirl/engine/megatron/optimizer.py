@@ -17,9 +17,13 @@ Megatron's DDP *averages* gradients over data-parallel ranks, so a rank's loss m
 scaled so that the average of the ranks' losses is the global loss (e.g. a token sum
 divided by the global token count, times the data-parallel size).
 
-fp32 parameters only here (no bf16/fp16 main-param copies, no loss scaling). On CPU
-(gloo) call :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` first; it adapts the
-few megatron functions of this path that allocate on CUDA.
+Parameters are fp32, or bf16 (a model built with ``params_dtype=torch.bfloat16``): then
+megatron's mixed-precision optimizers keep fp32 main copies (``DistributedOptimizer``: of
+this rank's shard; ``Float16OptimizerWithFloat16Params``: of every parameter), gradients
+accumulate and are reduced in fp32 (``grad_reduce_in_fp32``), Adam steps the fp32 copies and
+the bf16 weights are copied back from them. fp16 (which needs loss scaling) is not wired. On
+CPU (gloo) call :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` first; it adapts
+the few megatron functions of this path that allocate on CUDA.
 
 With pipeline parallelism, set ``config.finalize_model_grads_func = finalize_model_grads``
 (megatron's) on the model config: under DDP the gradients live in ``param.main_grad``, so
@@ -44,7 +48,7 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
                                 bucket_size: int | None = None,
                                 ddp_overrides: dict[str, Any] | None = None,
                                 optimizer_overrides: dict[str, Any] | None = None):
-    """Wrap ``model`` (one GPTModel stage, fp32 params, model-parallel state initialised) in
+    """Wrap ``model`` (one GPTModel stage, fp32 or bf16 params, model-parallel state set up) in
     megatron's DDP and build megatron's Adam(W) over it. Returns ``(ddp_model, optimizer)``.
 
     Adam is megatron's ``optimizer='adam'`` with decoupled weight decay, i.e. AdamW (TE's or
@@ -53,7 +57,8 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
     bucket per dtype. Grad sync is synchronous (no overlap with backward) and reduces in
     fp32. ``ddp_overrides`` / ``optimizer_overrides`` go to ``DistributedDataParallelConfig``
     / ``OptimizerConfig``. The optimizer is megatron's ``ChainedOptimizer`` around one
-    ``DistributedOptimizer`` (or ``FP32Optimizer``) per parameter group kind.
+    ``DistributedOptimizer`` (or ``FP32Optimizer``; ``Float16OptimizerWithFloat16Params`` for
+    bf16 parameters) per parameter group kind.
     """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -62,8 +67,10 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
         raise TypeError("model is already wrapped in megatron's DistributedDataParallel")
     params = [p for p in model.parameters() if p.requires_grad]
     dtypes = {p.dtype for p in params}
-    if dtypes != {torch.float32}:
-        raise NotImplementedError(f"fp32 parameters only, got {sorted(map(str, dtypes))}")
+    if dtypes not in ({torch.float32}, {torch.bfloat16}):
+        raise NotImplementedError(f"fp32 or bf16 parameters only (one dtype for the whole "
+                                  f"model), got {sorted(map(str, dtypes))}")
+    params_dtype = dtypes.pop()
     config = model.config
     ddp_kwargs: dict[str, Any] = dict(
         grad_reduce_in_fp32=True,
@@ -85,8 +92,8 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
         adam_eps=eps,
         clip_grad=clip_grad,
         use_distributed_optimizer=use_distributed_optimizer,
-        params_dtype=torch.float32,
-        bf16=False,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,  # fp32 main params, no loss scaling
         fp16=False,
         decoupled_weight_decay=True,
     )
@@ -165,8 +172,9 @@ def load_optimizer_checkpoint(optimizer, ddp_model: torch.nn.Module, directory: 
                               sharding_type: str = "dp_reshardable") -> None:
     """Load what :func:`save_optimizer_checkpoint` wrote (same parallel layout): the Adam
     moments and step, the param-group settings, and the main params. For fp32 training with
-    the distributed optimizer those are this rank's shards of the model weights themselves,
-    so the weights come back too (the shards are all-gathered afterwards).
+    the distributed optimizer those are this rank's shards of the model weights themselves;
+    for bf16 the fp32 main copies, from which the bf16 weights are copied as after every
+    step: the weights come back too (the shards are all-gathered afterwards).
 
     Two repairs of megatron-core 0.16's load path (any device):
 
@@ -192,8 +200,11 @@ def load_optimizer_checkpoint(optimizer, ddp_model: torch.nn.Module, directory: 
         if step is not None and isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             for param_state in inner.state.values():
                 param_state["step"] = torch.tensor(float(step))
+    for sub in subs:
+        if sub.config.bf16:  # the bf16 weights are the fp32 main weights rounded
+            sub._copy_main_params_to_model_params()  # (megatron's own copy of every step)
     if ddp_model.ddp_config.use_distributed_optimizer:
-        # each rank restored only its own shard of the (fp32) weights: gather the rest
+        # each rank restored only its own shard of the weights: gather the rest
         ddp_model.start_param_sync(force_sync=True)
 
 

@@ -85,9 +85,11 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
-                         sequence_parallel: bool = False) -> torch.nn.Module:
+                         sequence_parallel: bool = False,
+                         params_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
-    virtual pipeline stages: its chunks, as one ModelChunks module)."""
+    virtual pipeline stages: its chunks, as one ModelChunks module), its parameters and
+    compute in ``params_dtype`` (the HF weights are rounded to it on loading)."""
     from megatron.core import parallel_state as ps
 
     from siirl.engine.megatron.bridge import load_hf_weights
@@ -103,7 +105,7 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
     if vpp == 1:
         model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage(),
-                                sequence_parallel=sequence_parallel)
+                                sequence_parallel=sequence_parallel, params_dtype=params_dtype)
         load_hf_weights(model, hf_model.state_dict(), hf_model.config)
         return model.to(device)
     if layers % (pp * vpp):
@@ -114,7 +116,8 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
         build_gpt_model(hf_model.config,
                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=c),
                         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=c),
-                        vp_stage=c, sequence_parallel=sequence_parallel)
+                        vp_stage=c, sequence_parallel=sequence_parallel,
+                        params_dtype=params_dtype)
         for c in range(vpp)])
     for c, chunk in enumerate(chunks):
         stage, stages = chunks.virtual_stage(c)
