@@ -23,7 +23,7 @@ class MegatronRMSNorm(torch.nn.RMSNorm):
     """torch RMSNorm built the way megatron builds norms (config, hidden_size, eps)."""
 
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_unused: Any):
-        super().__init__(hidden_size, eps=eps)
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
