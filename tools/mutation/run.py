@@ -125,7 +125,11 @@ GROUPS: dict[str, Group] = {
         tests=("tests/engine/reward/test_reward_managers.py",
                "tests/engine/reward/test_embodied_reward.py",
                "tests/engine/reward/test_reward_plugin_wiring.py",
-               "tests/engine/reward/test_reward_managers_mutants.py"),
+               "tests/engine/reward/test_reward_function_calls.py",
+               "tests/engine/reward/test_reward_results.py",
+               "tests/engine/reward/test_reward_manager_lookup.py",
+               "tests/engine/reward/test_reward_manager_base.py",
+               "tests/engine/reward/test_reward_masks_and_embodied.py"),
     ),
 }
 
