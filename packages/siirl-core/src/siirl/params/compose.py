@@ -1,7 +1,8 @@
 """Compose the schema from core's groups and the installed sections (``siirl.params.sections``).
 
 Each class on the way from the root to a mount point is rebuilt with the section's field
-added where the mount says (after a given sibling, or last), so ``--print-config`` lists
+added where the mount says (after a given sibling, or last), or, for a spliced section, with
+each of the section's fields added after the sibling it names, so ``--print-config`` lists
 the keys in the order verl's ``ppo_trainer.yaml`` has them. A rebuilt class keeps its name,
 docstring and methods and lives in ``siirl.params`` (which binds it there), so pickling (Ray
 workers) finds it by that name in any process.
@@ -13,7 +14,7 @@ import dataclasses
 import typing
 from typing import Any, Callable, Dict, List, Tuple
 
-from siirl.params.sections import ConfigSection, Mount
+from siirl.params.sections import SPLICE_AFTER, ConfigSection, Mount
 
 # what dataclasses generate, or holds a field's default: not copied to the rebuilt class
 _GENERATED = {"__dict__", "__weakref__", "__dataclass_fields__", "__dataclass_params__",
@@ -63,12 +64,37 @@ def _placement_order(own: List[Tuple[Mount, ConfigSection]], names: List[str], p
     return ordered
 
 
+def _splice(mount: Mount, section: ConfigSection, fields: List[Tuple[str, Any, Any]],
+            names: List[str], added: set) -> None:
+    """Add the fields of a spliced section to its group's ``fields`` (and ``names``): each
+    after the sibling its ``SPLICE_AFTER`` metadata names, else after the section's previous
+    field (the first: after ``mount.after``, or last)."""
+    hints = typing.get_type_hints(section.schema)
+    anchor = mount.after
+    for f in dataclasses.fields(section.schema):
+        anchor = f.metadata.get(SPLICE_AFTER, anchor)
+        if f.name in names:
+            raise TypeError(f"config section spliced into '{mount.path}' clashes with the "
+                            f"existing key '{mount.path}.{f.name}'")
+        if anchor is not None and anchor not in names:
+            raise TypeError(f"config section spliced into '{mount.path}': its key "
+                            f"'{f.name}' is to follow '{mount.path}.{anchor}', which is not "
+                            f"in the schema")
+        at = names.index(anchor) + 1 if anchor is not None else len(names)
+        while at < len(names) and names[at] in added:  # after sections placed there before
+            at += 1
+        fields.insert(at, _copy_field(f, hints[f.name]))
+        names.insert(at, f.name)
+        added.add(f.name)
+        anchor = f.name
+
+
 def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
              rebuilt: Dict[type, type]) -> type:
     prefix = f"{path}." if path else ""
-    own = [(m, s) for m, s in mounts if m.parent == path]
-    below = {m.path[len(prefix):].split(".", 1)[0] for m, _ in mounts
-             if m.path.startswith(prefix) and m.parent != path}
+    own = [(m, s) for m, s in mounts if m.group == path and not m.splice]
+    below = {m.group[len(prefix):].split(".", 1)[0] for m, _ in mounts
+             if m.group.startswith(prefix) and m.group != path}
     hints = typing.get_type_hints(cls)
     fields = []
     for f in dataclasses.fields(cls):
@@ -80,6 +106,9 @@ def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
         else:
             fields.append(_copy_field(f, hints[f.name]))
     names, added = [name for name, _, _ in fields], set()
+    for mount, section in mounts:
+        if mount.splice and mount.group == path:
+            _splice(mount, section, fields, names, added)
     for mount, section in _placement_order(own, names, prefix):
         if mount.field_name in names:
             raise TypeError(f"config section at '{mount.path}' clashes with an existing key")
@@ -113,7 +142,7 @@ def _placed(mount: Mount, root: type) -> bool:
 def compose_schema(root: type, sections: Dict[str, ConfigSection]) -> Dict[type, type]:
     """Mount every section on ``root``'s tree; returns {original class: rebuilt class}."""
     mounts = [(m, s) for s in sections.values() for m in s.mounts]
-    paths = [m.path for m, _ in mounts]
+    paths = [m.path for m, _ in mounts if not m.splice]  # splices clash by their keys
     for path in paths:
         if paths.count(path) > 1:
             raise TypeError(f"two config sections mount at '{path}'")

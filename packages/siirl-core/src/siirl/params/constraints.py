@@ -113,17 +113,6 @@ def _update_batches(config: Any) -> List[str]:
     return problems
 
 
-def _context_fits(config: Any) -> List[str]:
-    limit = _size(config, f"{R}.max_model_len")
-    prompt, response = _size(config, "data.max_prompt_length"), \
-        _size(config, "data.max_response_length")
-    if limit and prompt and response and prompt + response > limit:
-        return [f"{R}.max_model_len={limit} is shorter than data.max_prompt_length={prompt} + "
-                f"data.max_response_length={response} = {prompt + response}: a prompt and its "
-                "response must fit in the engine's context"]
-    return []
-
-
 def _ordered(low_key: str, high_key: str, what: str) -> Callable[[Any], List[str]]:
     def check(config: Any) -> List[str]:
         low, high = _number(config, low_key), _number(config, high_key)
@@ -165,7 +154,6 @@ CHECKS: List[Callable[[Any], List[str]]] = [
     section_constraints,  # the backends' own (siirl.params.sections)
     _update_batches,
     mini_batch_share_problems,
-    _context_fits,
     _overlong_buffer_fits,
     _ordered(f"{A}.policy_loss.clip_cov_lb", f"{A}.policy_loss.clip_cov_ub",
              "the bounds of the clip-cov token range"),

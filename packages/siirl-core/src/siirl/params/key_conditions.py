@@ -1,6 +1,8 @@
 """The conditions under which a rule of ``siirl.params.key_rules`` holds: each takes the
-configuration and the key, and says whether the key is ignored there (a vLLM knob under
-the hf rollout, a dynamic-sampling key outside dynamic sampling, ...)."""
+configuration and the key, and says whether the key is ignored there (a dynamic-sampling
+key outside dynamic sampling, a token budget without dynamic batches, ...). Whether the
+rollout samples with the actor's own module is what the installed sections declare
+(``siirl.params.sections.actor_module_rollout``)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,6 @@ Condition = Callable[[Any, str], bool]
 def get(config: Any, key: str, default: Any = None) -> Any:
     """``key`` of the typed configuration (the rules name keys by their dotted path)."""
     return value_at(config, key, default)
-
-
-def hf_rollout(config: Any, key: str) -> bool:
-    return str(get(config, f"{ROLLOUT}.name", "hf")).lower() == "hf"
-
-
-def engine_rollout(config: Any, key: str) -> bool:
-    return str(get(config, f"{ROLLOUT}.name", "hf")).lower() in ("vllm", "sglang")
 
 
 def custom_workflow(config: Any) -> bool:

@@ -23,27 +23,19 @@ from siirl.params.key_conditions import (
     clip_ratio_alone,
     critic_disagrees,
     custom_workflow,
-    engine_rollout,
     get,
-    hf_rollout,
     no_dynamic_sampling,
     no_dynamic_sampling_possible,
     remove_padding_off,
 )
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
 from siirl.params.reward_key_rules import REWARD_RULES
-from siirl.params.sections import section_rules
+from siirl.params.sections import actor_module_rollout, section_rules
 
 # the rule types are imported from here as well
 __all__ = ["NOT_APPLYING", "REFUSED", "RULES", "Rule", "always"]
 
 _ULYSSES = "ulysses_sequence_parallel_size"
-_VLLM_KNOBS = tuple(f"{ROLLOUT}.{k}" for k in (
-    "mode", "chat_scheduler", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
-    "load_format", "layered_summon", "max_num_batched_tokens", "max_model_len",
-    "disable_log_stats", "enable_chunked_prefill", "multi_stage_wake_up",
-    "update_weights_bucket_megabytes", "engine_kwargs", "server_timeout_s",
-    "seed_per_prompt"))
 
 RULES: Tuple[Rule, ...] = (
     *section_rules(),
@@ -163,19 +155,17 @@ RULES: Tuple[Rule, ...] = (
            "verl's memory savers for the entropy are not used; it is computed in one pass "
            "(same values)."),
     # -- rollout
-    notice(_VLLM_KNOBS, "no effect with the hf rollout",
+    # (the engines' own knobs and their rules are siirl-engine's rollout section's;
+    # actor_module_rollout: the rollout samples with the actor's module, as sections declare)
+    notice(f"{ROLLOUT}.update_weights_bucket_megabytes", "no effect with the hf rollout",
            "vLLM/SGLang engine settings; the hf rollout samples with the actor's own module "
-           "(rollout.name=vllm or sglang uses them).", hf_rollout),
-    notice(tuple(f"{ROLLOUT}.{k}" for k in ("chat_scheduler", "layered_summon",
-                                            "multi_stage_wake_up")),
-           "no effect with the vllm and sglang rollouts",
-           "the vllm and sglang rollouts run one engine per worker: no chat scheduler, and its "
-           "weights are loaded in place in one pass.", engine_rollout),
+           "(rollout.name=vllm or sglang uses them).", actor_module_rollout),
     notice(f"{ROLLOUT}.dtype", "no effect with the hf rollout",
-           "the hf rollout samples with the actor's module, in the actor's dtype.", hf_rollout),
+           "the hf rollout samples with the actor's module, in the actor's dtype.",
+           actor_module_rollout),
     notice(f"{ROLLOUT}.prompt_length", "no effect with the hf rollout",
            "the hf rollout takes prompts as the dataloader made them (data.max_prompt_length).",
-           hf_rollout),
+           actor_module_rollout),
     notice("actor_rollout_ref.actor.policy_drift_coeff", "no effect without the CPGD loss",
            "the policy-drift term belongs to CPGD's loss (algorithm.adv_estimator=cpgd, or "
            "actor_rollout_ref.actor.use_cpgd_loss=true), as in siiRL.",
@@ -183,13 +173,13 @@ RULES: Tuple[Rule, ...] = (
     refused(f"{ROLLOUT}.model_update_frequency", "needs an engine rollout",
             "the hf rollout samples with the actor's own weights, which every update "
             "changes; a model update frequency needs rollout.name=vllm or sglang.",
-            hf_rollout),
+            actor_module_rollout),
     refused(f"{ROLLOUT}.response_length", "set data.max_response_length",
             "the rollouts generate data.max_response_length tokens: set that instead."),
     refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs an inference-engine rollout",
             "truncated importance sampling weighs the trainer's log-probs against those of "
             "the engine that sampled; the hf rollout samples with the trainer's own module. "
-            "Use it with rollout.name=vllm or sglang.", hf_rollout),
+            "Use it with rollout.name=vllm or sglang.", actor_module_rollout),
     refused("actor_rollout_ref.actor.tis_imp_ratio_cap", "needs policy_loss.loss_mode=vanilla",
             "truncated importance sampling is applied by the vanilla PPO loss only (as in "
             "verl).", lambda config, key: str(get(
@@ -200,7 +190,7 @@ RULES: Tuple[Rule, ...] = (
             "and top_p."),
     notice(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
            "the hf rollout samples with the training module itself, so its log-probs are the "
-           "old_log_prob node's.", hf_rollout),
+           "old_log_prob node's.", actor_module_rollout),
     notice((f"{ROLLOUT}.multi_turn.max_turns", f"{ROLLOUT}.multi_turn.use_inference_chat_template",
             f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode"),
            "no effect: a conversation is one token list",

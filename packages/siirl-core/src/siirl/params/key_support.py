@@ -104,11 +104,13 @@ def rule_for(key: str, config: Any) -> Optional[Rule]:
 
 
 def _grouped(changed: Dict[str, Any], config: Any, kind: str) -> List[Tuple[Rule, List[str]]]:
-    groups: Dict[int, Tuple[Rule, List[str]]] = {}
+    # by reason: rules that say the same (a section's and core's, on the same engine's
+    # keys) make one line
+    groups: Dict[str, Tuple[Rule, List[str]]] = {}
     for key, value in changed.items():
         rule = rule_for(key, config)
         if rule is not None and rule.kind == kind:
-            groups.setdefault(id(rule), (rule, []))[1].append(f"{key}={value!r}")
+            groups.setdefault(rule.why, (rule, []))[1].append(f"{key}={value!r}")
     return list(groups.values())
 
 

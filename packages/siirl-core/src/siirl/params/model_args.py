@@ -216,17 +216,14 @@ class AgentRolloutArguments:
 class RolloutArguments:
     """Rollout engine: sampling settings, group size n, validation sampling."""
 
+    # The engines' own knobs (mode, gpu_memory_utilization, load_format, engine_kwargs, ...)
+    # are spliced in among these keys, in verl's order, by siirl-engine's rollout section
+    # (siirl.engine.rollout.config); those here are read by core or by every rollout.
+
     name: str = field(
         default="hf", metadata={"help": "Rollout engine: a name in the siirl.rollouts plugin "
                                         "group (siirl-train --help lists the installed ones)."}
     )
-    # sync | server (= async): vllm's in-process engine, or a vllm/sglang server per worker
-    mode: str = "sync"
-    server_timeout_s: float = 300.0  # mode=server: seconds for the server to be healthy
-    # vllm: one seed per prompt (its samples do not depend on the rest of the batch) or,
-    # false, one per generate call (in-process only; vLLM samples ~10% faster unseeded)
-    seed_per_prompt: bool = True
-    chat_scheduler: str | None = None
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_k: int = -1  # -1 disables top-k
     top_p: float = 1.0
@@ -234,28 +231,18 @@ class RolloutArguments:
     prompt_length: int = "${data.max_prompt_length}"
     response_length: int = "${data.max_response_length}"
     dtype: str = "bfloat16"
-    gpu_memory_utilization: float = 0.5
     ignore_eos: bool = False
-    enforce_eager: bool = True
-    free_cache_engine: bool | None = None  # null: on for GPUs (vLLM sleep mode), off on CPU
-    load_format: str = "dummy_dtensor"
-    layered_summon: bool = False
     tensor_model_parallel_size: int = field(
         default=1, metadata={"help": "Tensor-parallel size of the inference engine."}
     )
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
     max_num_seqs: int = 1024
     log_prob_micro_batch_size: int | None = None  # deprecated
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
-    disable_log_stats: bool = True
-    enable_chunked_prefill: bool = True
     do_sample: bool = True
     n: int = field(default=8, metadata={"help": "Responses sampled per prompt (group size)."})
     calculate_log_probs: bool = False
-    multi_stage_wake_up: bool = False
     update_weights_bucket_megabytes: int = 512
     model_update_frequency: int = field(
         default=1,
@@ -263,12 +250,6 @@ class RolloutArguments:
                           "takes the actor's weights after every N-th update (1: every "
                           "one); vllm and sglang rollouts (hf samples with the actor's own "
                           "weights)."})
-    engine_kwargs: dict[str, Any] = field(
-        default_factory=lambda: {
-            "vllm": {"swap_space": None},
-            "sglang": {"attention_backend": None},
-        }
-    )
     val_kwargs: ValKwargsArguments = field(default_factory=ValKwargsArguments)
     multi_turn: MultiTurnArguments = field(default_factory=MultiTurnArguments)
     agent: AgentRolloutArguments = field(default_factory=AgentRolloutArguments)

@@ -7,7 +7,9 @@ mounts in the schema (one ``Mount`` per dotted path: ``critic.megatron``,
 which the run reads it (``critic.strategy=megatron``) and its own key rules. siirl-core
 composes ``SiiRLArguments`` from what is installed (``siirl.params.compose``) and adds one
 general rule per mount: a section whose selector names something else does not apply (one
-notice when set). So core never names a backend's keys, and a new backend is one package::
+notice when set). A section may instead splice its keys into an existing group
+(``Mount(splice=True)``: the rollout engines' knobs, flat in ``actor_rollout_ref.rollout`` as
+in verl). So core never names a backend's keys, and a new backend is one package::
 
     [project.entry-points."siirl.config"]
     toy = "toy_backend.config:SECTION"
@@ -30,12 +32,14 @@ from siirl.plugins import available, load_plugin
 
 # with the registration types, the facts about the run (run_shape) that a section's rules
 # and constraints read: all a section's module imports from core besides the rule modules
-__all__ = ["GROUP", "ConfigSection", "Mount", "applying_mounts", "custom_workflow",
-           "installed_names", "installed_sections", "mounted_at", "role_runs", "section_applies",
-           "section_constraints", "section_rules", "section_selected_by",
-           "section_value_rules", "size", "workers", "workers_text"]
+__all__ = ["GROUP", "SPLICE_AFTER", "ConfigSection", "Mount", "actor_module_rollout",
+           "applying_mounts", "custom_workflow", "installed_names", "installed_sections",
+           "mounted_at", "own_engine_rollout", "role_runs", "section_applies",
+           "section_constraints", "section_rules", "section_run_problems",
+           "section_selected_by", "section_value_rules", "size", "workers", "workers_text"]
 
 GROUP = "siirl.config"
+SPLICE_AFTER = "splice_after"  # a spliced key's field metadata: the sibling it follows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +52,20 @@ class Mount:
     # owner of the mount writes its own rules (the section adds none there)
     selector: Optional[str] = None
     after: Optional[str] = None  # the sibling field it follows in the schema (None: last)
+    # splice: the section's keys join the existing group at ``path`` as its own keys (the
+    # rollout engines' knobs in ``actor_rollout_ref.rollout``, where verl has them), each
+    # after the sibling its field's ``SPLICE_AFTER`` metadata names, else after the
+    # section's previous key (the first: after ``after``, or last)
+    splice: bool = False
 
     @property
     def parent(self) -> str:
         return self.path.rsplit(".", 1)[0] if "." in self.path else ""
+
+    @property
+    def group(self) -> str:
+        """The group it adds keys to: its parent's, or a splice's own path."""
+        return self.path if self.splice else self.parent
 
     @property
     def field_name(self) -> str:
@@ -63,6 +77,10 @@ def _no_rules(mount: Mount) -> Sequence[Rule]:
 
 
 def _no_problems(config: Any) -> List[str]:
+    return []
+
+
+def _no_run_problems(config: Any, device_type: Optional[str]) -> List[str]:
     return []
 
 
@@ -90,6 +108,17 @@ class ConfigSection:
     # (importable module, package, pip line) the backend needs where a role runs on it,
     # named by the validation pass when this machine lacks it
     requires: Tuple[str, ...] = ()
+    # problems of its settings for this run that depend on the device it computes on
+    # ("cuda"/"cpu", None where not known yet), one line each, named last by the
+    # validation pass (the vllm rollout's free_cache_engine needs CUDA, ...)
+    run_problems: Callable[[Any, Optional[str]], List[str]] = _no_run_problems
+    # (tag, why) of its not-applying notice where the general one ("<label> settings apply
+    # only when <selector>=...") is not what its users know
+    not_applying: Tuple[str, str] = ()
+    # a rollout's: the selector values (rollout names) whose rollout is an engine of its
+    # own that takes the actor's weights by weight sync (vllm, sglang); a rollout no
+    # section names samples with the actor's own module (hf): see ``own_engine_rollout``
+    weight_synced: Tuple[str, ...] = ()
     # the names its package provides, by table: "lr_schedules" (what optim.warmup_style /
     # lr_scheduler_type may name), "builtin_models" (model.path's builtin:... names). Each is
     # a collection read when asked (installed_names), so a name added to it in this process
@@ -136,7 +165,7 @@ def installed_names(table: str) -> List[str]:
 def mounted_at(path: str) -> Optional[ConfigSection]:
     """The section mounted at ``path``, or None."""
     for section in installed_sections().values():
-        if any(m.path == path for m in section.mounts):
+        if any(m.path == path and not m.splice for m in section.mounts):
             return section
     return None
 
@@ -163,12 +192,28 @@ def section_selected_by(selector: str, config: Any) -> Optional[ConfigSection]:
     return None
 
 
+def own_engine_rollout(config: Any, key: str = "") -> bool:
+    """Whether the run's rollout is an engine of its own that takes the actor's weights by
+    weight sync (a section names it in ``weight_synced``); else it samples with the actor's
+    own module. A key rule's condition, as ``key_conditions``'."""
+    return any(m.selector is not None and str(get(config, m.selector)) in s.weight_synced
+               for s in installed_sections().values() for m in s.mounts)
+
+
+def actor_module_rollout(config: Any, key: str = "") -> bool:
+    """Whether the run's rollout samples with the actor's own module (hf): no weight sync."""
+    return not own_engine_rollout(config, key)
+
+
 def _not_applying(section: ConfigSection, mount: Mount) -> Rule:
     names = " or ".join(section.applies_to)
-    return notice(f"{mount.path}.*", f"no effect unless {mount.selector.rsplit('.', 1)[-1]}="
-                  f"{'/'.join(section.applies_to)}",
-                  f"{section.label} settings apply only when {mount.selector}={names}.",
-                  lambda config, key: not section_applies(section, mount, config))
+    keys = tuple(f"{mount.path}.{f.name}" for f in dataclasses.fields(section.schema)) \
+        if mount.splice else f"{mount.path}.*"
+    tag, why = section.not_applying or (
+        f"no effect unless {mount.selector.rsplit('.', 1)[-1]}="
+        f"{'/'.join(section.applies_to)}",
+        f"{section.label} settings apply only when {mount.selector}={names}.")
+    return notice(keys, tag, why, lambda config, key: not section_applies(section, mount, config))
 
 
 def _while_applying(rule: Rule, section: ConfigSection, mount: Mount) -> Rule:
@@ -203,3 +248,9 @@ def section_constraints(config: Any) -> List[str]:
     """Every installed section's constraints on ``config``."""
     return [problem for section in installed_sections().values()
             for problem in section.constraints(config)]
+
+
+def section_run_problems(config: Any, device_type: Optional[str]) -> List[str]:
+    """Every installed section's problems for this run on ``device_type``."""
+    return [problem for section in installed_sections().values()
+            for problem in section.run_problems(config, device_type)]

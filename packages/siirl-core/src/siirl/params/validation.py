@@ -31,8 +31,7 @@ from siirl.params.key_support import (
     rule_for,
 )
 from siirl.params.machine import device_problems, machine_view, package_problems, run_device
-from siirl.params.rollout_settings import rollout_problems
-from siirl.params.sections import section_value_rules
+from siirl.params.sections import section_run_problems, section_value_rules
 from siirl.params.value_rules import RULES, USER_CODE_KEYS, ValueRule, is_number, registries
 
 __all__ = ["InvalidConfigError", "config_problems", "format_problems", "name_problems",
@@ -141,7 +140,7 @@ def config_problems(config: Any) -> List[str]:
     ``siirl.params.machine``)."""
     return value_problems(config) + name_problems(config) + constraint_problems(config) + \
         refused_problems(machine_view(config)) + device_problems(config) + \
-        package_problems(config) + rollout_problems(config, run_device(config))
+        package_problems(config) + section_run_problems(config, run_device(config))
 
 
 def validate_config(config: Any) -> None:

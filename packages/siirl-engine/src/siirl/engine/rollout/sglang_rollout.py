@@ -21,9 +21,9 @@ from typing import Any, Dict, List
 import torch
 
 from siirl.engine.rollout import vllm_engine
+from siirl.engine.rollout.settings import sglang_device_problems, sglang_problems
 from siirl.engine.rollout.vllm_rollout import VLLMRollout
 from siirl.errors import ConfigError, PluginNotFoundError
-from siirl.params.rollout_settings import sglang_device_problems, sglang_problems
 
 ROLLOUT = vllm_engine.ROLLOUT
 INSTALL_HINT = ('install SGLang with `pip install "siirl-engine[sglang]"` (CUDA only; it '

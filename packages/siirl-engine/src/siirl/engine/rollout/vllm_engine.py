@@ -13,12 +13,12 @@ import os
 from typing import Any, Dict, Tuple
 
 from siirl.engine.models.loader import resolve_model_path
-from siirl.errors import ConfigError, PluginNotFoundError
-from siirl.params.rollout_settings import (  # noqa: F401  (server_mode: the rollouts')
+from siirl.engine.rollout.settings import (  # noqa: F401  (server_mode: the rollouts')
     DUMMY_FORMATS,
     server_mode,
     vllm_problems,
 )
+from siirl.errors import ConfigError, PluginNotFoundError
 
 ROLLOUT = "actor_rollout_ref.rollout"
 INSTALL_HINT = ("install vLLM with `pip install \"siirl-engine[vllm]\"` (CUDA) or "

@@ -1,9 +1,11 @@
 """Rollout settings the vllm and sglang rollouts do not honour.
 
-Written once, read twice: the validation pass refuses them before anything loads, and the
+Written once, read twice: the validation pass refuses them before anything loads (the
+rollout engine section's ``run_problems``, ``siirl.engine.rollout.config``), and the
 rollouts refuse them again when built (an engine made without the launcher, by a test or
 a script). Each check takes the ``actor_rollout_ref.rollout`` node (a DictConfig or the
-schema's dataclass) and returns one line per problem.
+schema's dataclass) and returns one line per problem. Light: ``siirl-train`` reads it
+while it parses.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def sglang_device_problems(device_type: Optional[str]) -> List[str]:
 
 def rollout_problems(config: Any, device_type: Optional[str]) -> List[str]:
     """The validation pass's: the chosen engine rollout's problems under ``config`` (the
-    typed configuration)."""
+    typed configuration) on ``device_type``."""
     rollout = config.actor_rollout_ref.rollout
     name = str(rollout.name)
     if name not in ("vllm", "sglang"):
