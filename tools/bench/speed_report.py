@@ -221,10 +221,23 @@ def lora_memory_section() -> list:
                   [_source(result)])
 
 
+def megatron_bf16_section() -> list:
+    result = _load("megatron_bf16")
+    if not result:
+        return []
+    lines = [f"| `{key}` | {diff:.4f} | {result['at_step'][key]} |"
+             for key, diff in result["max_abs_diff"].items()]
+    return _table("**Megatron bf16 vs fp32** (`tools/bench/megatron_bf16_curve.py`: the main "
+                  f"job under `strategy=megatron`, {result['steps']} steps each; fp32 "
+                  f"{result['fp32_wall_s']:.0f} s, bf16 {result['bf16_wall_s']:.0f} s; the "
+                  f"loss curve's target is {result['target']}):",
+                  ["curve", "max abs(bf16 - fp32)", "at step"], lines, [_source(result)])
+
+
 SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
                   databuffer_section,
                   scaling_section, cluster_traffic_section, packing_section,
-                  lora_memory_section]
+                  lora_memory_section, megatron_bf16_section]
 
 
 def render(sections: list = SECTIONS) -> str:

@@ -1,5 +1,7 @@
 """Check the megatron engine on a CUDA machine: weight-bridge round trip, log-prob parity
-with Hugging Face, and GRPO steps with ``strategy=megatron`` (tokens/s, model FLOPs use).
+with Hugging Face, and GRPO steps with ``strategy=megatron`` in fp32 and in bf16
+(``megatron.dtype=bfloat16``: megatron's mixed-precision distributed optimizer on CUDA)
+(tokens/s, model FLOPs use).
 
     python tools/gpu/check_megatron.py [--steps 6] [--out megatron_gpu.json]
 
@@ -68,7 +70,12 @@ def parity_checks(device: torch.device) -> dict:
     return out
 
 
-def grpo_steps(steps: int, device: str) -> dict:
+# bf16 weights and compute with fp32 main weights in megatron's distributed optimizer
+BF16 = ("actor_rollout_ref.actor.megatron.dtype=bfloat16",
+        "actor_rollout_ref.ref.megatron.dtype=bfloat16")
+
+
+def grpo_steps(steps: int, device: str, overrides: tuple = ()) -> dict:
     exe = Path(sys.executable).parent / "siirl-train"
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [str(exe), "actor_rollout_ref.actor.strategy=megatron", f"trainer.device={device}",
@@ -76,7 +83,7 @@ def grpo_steps(steps: int, device: str) -> dict:
                "trainer.val_before_train=false", "trainer.save_freq=-1",
                "trainer.logger=[console]", "data.train_batch_size=64",
                "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-               f"trainer.default_local_dir={run_dir}"]
+               f"trainer.default_local_dir={run_dir}", *overrides]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode:
@@ -93,7 +100,8 @@ def grpo_steps(steps: int, device: str) -> dict:
     return {"steps": steps, "wall_s": time.perf_counter() - start,
             "actor_tokens_per_s": tokens_per_s, "model_params": params,
             "device_name": name,
-            "mfu_fp32": model_flops_use(flops, name),  # None where no peak is known
+            # against the dtype's dense peak; None where no peak is known
+            "mfu": model_flops_use(flops, name, "bf16" if BF16[0] in overrides else "fp32"),
             "critic/score/mean": [r.get("critic/score/mean") for r in records
                                   if "critic/score/mean" in r]}
 
@@ -118,21 +126,24 @@ def main(argv=None) -> int:
               "device": "cpu" if args.cpu else torch.cuda.get_device_name(),
               "torch": torch.__version__, "megatron_core": megatron.core.__version__,
               "parity": parity_checks(torch.device(device)),
-              "grpo": grpo_steps(args.steps, device)}
+              "grpo": grpo_steps(args.steps, device),
+              "grpo_bf16": grpo_steps(args.steps, device, BF16)}
     print(f"{'check':<34}{'result':>20}")
     for name, result in report["parity"].items():
         print(f"{name + ' round trip bit-exact':<34}{str(result['round_trip_bit_exact']):>20}")
         print(f"{name + ' log-prob max |diff|':<34}{result['logprob_max_abs_diff']:>20.3g}")
-    grpo = report["grpo"]
-    if "error" in grpo:
-        print(f"GRPO steps failed: {grpo['error']}")
-    else:
-        print(f"{'GRPO actor tokens/s':<34}{grpo['actor_tokens_per_s']:>20.0f}")
-        mfu = format_mfu(grpo["mfu_fp32"], grpo["device_name"])
-        print(f"{'GRPO model FLOPs use (fp32 peak)':<34}{mfu:>20}")
+    for key, label in (("grpo", "GRPO"), ("grpo_bf16", "GRPO bf16")):
+        grpo = report[key]
+        if "error" in grpo:
+            print(f"{label} steps failed: {grpo['error']}")
+            continue
+        print(f"{label + ' actor tokens/s':<34}{grpo['actor_tokens_per_s']:>20.0f}")
+        mfu = format_mfu(grpo["mfu"], grpo["device_name"])
+        print(f"{label + ' model FLOPs use':<34}{mfu:>20}")  # against its dtype's peak
     Path(args.out).write_text(json.dumps(report, indent=1))
     ok = all(r["round_trip_bit_exact"] and r["logprob_max_abs_diff"] < 1e-5
-             for r in report["parity"].values()) and "error" not in grpo
+             for r in report["parity"].values()) and "error" not in report["grpo"] and \
+        "error" not in report["grpo_bf16"]
     return 0 if ok else 1
 
 
