@@ -22,6 +22,9 @@ END = "<!-- reliability-table: end -->"
 
 
 def load_cases():
+    # cases.py gathers the corpus_*.py modules beside it, as test_corpus.py imports it
+    if str(CASES_FILE.parent) not in sys.path:
+        sys.path.insert(0, str(CASES_FILE.parent))
     spec = importlib.util.spec_from_file_location("reliability_cases", CASES_FILE)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up while it runs
