@@ -11,8 +11,8 @@ from corpus_model import Case
 # manager; a run where every sample fails stops after reward_model.max_failed_steps
 # ---------------------------------------------------------------------------------------
 
-ROW_FN = '''"""A user reward function with a bug (reliability corpus)."""
-import ctypes, math, os, signal, sys, time
+# how both reward files below start: the first sample ever scored is the bad one (_is_bad)
+BAD_SAMPLE = '''import ctypes, math, os, signal, sys, time
 
 BAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bad_sample.txt")
 
@@ -30,7 +30,10 @@ def _is_bad(extra_info, solution_str):
     except FileExistsError:
         with open(BAD) as fh:
             return fh.read() == key
+'''
 
+ROW_FN = '''"""A user reward function with a bug (reliability corpus)."""
+''' + BAD_SAMPLE + '''
 
 def _fault_now(extra_info, solution_str):
     {select}
@@ -43,25 +46,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 BATCH_FN = '''"""A batch reward function with a bug (reliability corpus)."""
-import ctypes, math, os, signal, sys, time
-
-BAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bad_sample.txt")
-
-
-def _is_bad(extra_info, solution_str):
-    """The first sample ever scored is the bad one: it fails every time it is scored
-    (retried alone too), every other sample scores normally."""
-    index = extra_info.get("index") if isinstance(extra_info, dict) else None
-    key = "%s|%s" % (index, solution_str)
-    try:
-        fd = os.open(BAD, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        os.write(fd, key.encode())
-        os.close(fd)
-        return True
-    except FileExistsError:
-        with open(BAD) as fh:
-            return fh.read() == key
-
+''' + BAD_SAMPLE + '''
 
 def compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs):
     scores = [float(s.strip().startswith(str(g))) for s, g in zip(solution_strs, ground_truths)]
