@@ -21,7 +21,8 @@ _MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and op
                      "state stay on the GPU (on a GPU run strategy=fsdp offloads with "
                      "fsdp_config.param_offload; a CPU run has nothing to offload).")
 _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-             "virtual_pipeline_model_parallel_size", "sequence_parallel")
+             "virtual_pipeline_model_parallel_size", "sequence_parallel",
+             "expert_model_parallel_size", "expert_tensor_parallel_size")
 # refused for every role by the validation pass (megatron_size_problems) and the megatron
 # engine: no rule may suggest it
 NO_CONTEXT_PARALLEL = ("context parallelism is not supported by this release (it needs "
@@ -66,6 +67,42 @@ class MegatronArguments:
 
 def _differs_from_actor(config: Any, key: str) -> bool:
     return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
+
+
+def _expert_tp_differs(config: Any, key: str) -> bool:
+    value = get(config, key)
+    return value is not None and value != get(
+        config, f"{key.rsplit('.', 1)[0]}.tensor_model_parallel_size")
+
+
+def _experts_averaged_by_hand(config: Any, key: str) -> bool:
+    """Expert parallelism where a megatron model's gradients are averaged outside megatron's
+    DDP (virtual pipeline stages, the critic)."""
+    return (int(get(config, key) or 1) > 1 and (
+        int(get(config, f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size") or 1) > 1
+        or str(get(config, "critic.strategy")) == "megatron"))
+
+
+def _expert_rules(prefix: str, role: str) -> List[Rule]:
+    """The actor's expert-parallel keys (the other roles run in the actor's parallel state:
+    their own values may only repeat the actor's, see _MIRRORED)."""
+    if role != "actor":
+        return []
+    return [
+        refused(f"{prefix}.expert_tensor_parallel_size", "expert TP follows TP",
+                "the megatron bridge splits every expert over the tensor-parallel ranks like "
+                "a dense MLP: leave expert_tensor_parallel_size null (it then equals "
+                "tensor_model_parallel_size).", _expert_tp_differs),
+        refused(f"{prefix}.expert_model_parallel_size",
+                "not with virtual stages or a megatron critic",
+                "with virtual pipeline stages the actor, and a megatron critic always, average "
+                "gradients over data parallelism themselves (torch AdamW), which would mix "
+                "different experts' gradients across expert-parallel ranks; megatron's DDP, "
+                "which reduces expert gradients over their own groups, runs the actor "
+                f"otherwise: set {ACTOR}.megatron.virtual_pipeline_model_parallel_size=null "
+                "and critic.strategy=fsdp, or expert_model_parallel_size=1.",
+                _experts_averaged_by_hand),
+    ]
 
 
 def _own_role_on_megatron(config: Any, key: str) -> bool:
@@ -139,13 +176,7 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                                                 else ()), "megatron offload is not implemented",
                 _MEGATRON_OFFLOAD),
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
-        refused((f"{prefix}.expert_model_parallel_size", f"{prefix}.expert_tensor_parallel_size"),
-                "expert parallelism is not supported",
-                "expert parallelism is not supported by the megatron engine yet: the bridge "
-                "converts Qwen3-MoE and Mixtral models at any expert-parallel size and they "
-                "run at expert_model_parallel_size=1, but the engine does not set up expert "
-                "parallel groups nor reduce expert gradients over them; leave both at 1 "
-                "(null)."),
+        *_expert_rules(prefix, role),
         refused(f"{prefix}.use_dist_checkpointing", "models are built from HF weights",
                 "the megatron model is always built from the Hugging Face weights of the "
                 "model path; starting from a megatron dist checkpoint is not supported."),
@@ -202,6 +233,12 @@ def megatron_constraints(config: Any) -> List[str]:
                            for k in _GROUP_SIZES)
         problems.append(f"{sizes} = {group} (the workers of one megatron model) must divide "
                         f"{workers_text(count)}")
+    experts = size(config, f"{ACTOR}.megatron.expert_model_parallel_size")
+    if count and group and experts and not count % group and (count // group) % experts:
+        problems.append(f"{ACTOR}.megatron.expert_model_parallel_size={experts} must divide "
+                        f"the data-parallel size {count // group} ({workers_text(count)} / "
+                        f"{group} workers per megatron model): the experts are split over "
+                        "data-parallel ranks")
     return problems + megatron_size_problems(
         *(size(config, f"{ACTOR}.megatron.{k}") for k in (
             "context_parallel_size", "pipeline_model_parallel_size",

@@ -50,10 +50,12 @@ class MegatronOptimizer:
             model, lr=float(optim.lr), betas=tuple(float(b) for b in optim.betas),
             weight_decay=float(optim.weight_decay), clip_grad=clip,
             use_distributed_optimizer=use_distributed_optimizer)
+        # with expert parallelism megatron chains a dense and an expert optimizer (each over
+        # its own data-parallel group); the lr schedule drives the first one's groups and
+        # step_if_finite hands that lr on to the others
         subs = getattr(self.megatron, "chained_optimizers", [self.megatron])
-        if len(subs) != 1:
-            raise NotImplementedError("one megatron optimizer per model is supported")
-        self.torch_optimizer = subs[0].optimizer  # the lr schedule drives its groups
+        self.torch_optimizer = subs[0].optimizer
+        self._followers = [sub.optimizer for sub in subs[1:]]
         # the schedule calls this after the last backward of a mini-batch
         model.config.finalize_model_grads_func = self._finalize
 
@@ -67,8 +69,21 @@ class MegatronOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad(self.ddp_model, self.megatron)
 
+    def _share_lr(self) -> None:
+        """The scheduled lr (one for every group) on the chained optimizers' groups too."""
+        if not self._followers:
+            return
+        lrs = {group["lr"] for group in self.torch_optimizer.param_groups}
+        if len(lrs) != 1:
+            raise NotImplementedError(f"one lr for every parameter group, got {sorted(lrs)}")
+        lr = lrs.pop()
+        for optimizer in self._followers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
     def step_if_finite(self) -> float:
         """Clip and step unless the global grad norm is non-finite; the norm (pre-clip)."""
+        self._share_lr()
         self.megatron.prepare_grads()
         norm = float(self.megatron.get_grad_norm())
         if not math.isfinite(norm):

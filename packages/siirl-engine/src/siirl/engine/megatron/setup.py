@@ -29,7 +29,8 @@ def parallel_sizes(mcfg: MegatronArguments) -> Dict[str, int]:
             "pipeline_model_parallel_size": int(mcfg.pipeline_model_parallel_size or 1),
             "context_parallel_size": int(mcfg.context_parallel_size or 1),
             "virtual_pipeline_model_parallel_size":
-                int(mcfg.virtual_pipeline_model_parallel_size or 1)}
+                int(mcfg.virtual_pipeline_model_parallel_size or 1),
+            "expert_model_parallel_size": int(mcfg.expert_model_parallel_size or 1)}
 
 
 def sequence_parallel(cfg: SiiRLArguments) -> bool:
@@ -73,15 +74,21 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
         raise ConfigError(f"{MEGATRON_KEY}.tensor_model_parallel_size={tp} x "
                           f"pipeline_model_parallel_size={pp} must divide the number of "
                           f"workers ({dist.get_world_size()})")
+    ep = sizes["expert_model_parallel_size"]
+    if (dist.get_world_size() // (tp * pp)) % ep:  # experts split over data-parallel ranks
+        raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} must divide the "
+                          f"data-parallel size ({dist.get_world_size()} workers / TP {tp} / "
+                          f"PP {pp})")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-            order=RANK_ORDER)
+            expert_model_parallel_size=ep, order=RANK_ORDER)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     elif (parallel_state.get_tensor_model_parallel_world_size(),
-          parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
-        raise ConfigError(f"{MEGATRON_KEY}: TP {tp} x PP {pp} differs from the sizes the "
-                          "actor's megatron state was built with")
+          parallel_state.get_pipeline_model_parallel_world_size(),
+          parallel_state.get_expert_model_parallel_world_size()) != (tp, pp, ep):
+        raise ConfigError(f"{MEGATRON_KEY}: TP {tp} x PP {pp} x EP {ep} differs from the sizes "
+                          "the actor's megatron state was built with")
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
