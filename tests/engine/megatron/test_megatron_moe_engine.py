@@ -6,7 +6,8 @@ so that it solves some of the main job's problems and the policy gradient is not
 The megatron actor (megatron's MoE layer: router, SequentialMLP experts, alltoall
 dispatcher) must give the fsdp actor's (HF Mixtral's) loss, gradient norm and entropy
 within 1e-5 relative at steps 1 and 2; step 2 also checks that the experts reached the
-rollout through the weight sync.
+rollout through the weight sync. With expert parallelism (EP 2 on two Ray CPU workers, two
+experts each, tokens exchanged by megatron's alltoall dispatcher over gloo) it must too.
 """
 
 from pathlib import Path
@@ -16,7 +17,13 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_engine import MEGATRON, assert_close_steps, steps, train  # noqa: E402
+from test_megatron_engine import (  # noqa: E402
+    MEGATRON,
+    assert_close_steps,
+    ray_workers,
+    steps,
+    train,
+)
 
 EXPERTS, TOP_K = 4, 2
 
@@ -65,15 +72,43 @@ def upcycled_mixtral(directory: Path) -> Path:
     return directory
 
 
-def test_megatron_moe_actor_trains_like_fsdp(tmp_path):
-    model = upcycled_mixtral(tmp_path / "tiny_mixtral")
-    common = [f"actor_rollout_ref.model.path={model}", "trainer.total_training_steps=2",
-              "trainer.save_freq=-1"]
-    train(tmp_path / "fsdp", *common)
-    train(tmp_path / "megatron", *MEGATRON, *common)
-    fsdp, megatron = steps(tmp_path / "fsdp"), steps(tmp_path / "megatron")
+KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean")
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    return upcycled_mixtral(tmp_path_factory.mktemp("tiny_mixtral"))
+
+
+@pytest.fixture(scope="module")
+def common(moe_model):
+    return [f"actor_rollout_ref.model.path={moe_model}", "trainer.total_training_steps=2",
+            "trainer.save_freq=-1"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_moe_run(tmp_path_factory, common):
+    run = tmp_path_factory.mktemp("fsdp_moe")
+    train(run, *common)
+    fsdp = steps(run)
     assert fsdp[1]["critic/score/mean"] > 0, "the upcycled model must solve some problems"
     assert fsdp[1]["actor/grad_norm"] > 0
-    assert_close_steps(megatron, fsdp, ("actor/pg_loss", "actor/grad_norm", "actor/entropy",
-                                        "critic/score/mean"))
+    return fsdp
+
+
+def test_megatron_moe_actor_trains_like_fsdp(tmp_path, common, fsdp_moe_run):
+    train(tmp_path, *MEGATRON, *common)
+    megatron = steps(tmp_path)
+    assert_close_steps(megatron, fsdp_moe_run, KEYS)
     assert all(megatron[step]["weight_sync/bytes"] > 0 for step in megatron)
+
+
+def test_expert_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(
+        tmp_path, common, fsdp_moe_run):
+    """Two workers are two data-parallel ranks (each its own rows) and one expert-parallel
+    group: the actor and the reference hold 2 of the 4 experts each."""
+    overrides, env = ray_workers(2)
+    train(tmp_path, *MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+          "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2", *overrides, *common,
+          env=env)
+    assert_close_steps(steps(tmp_path), fsdp_moe_run, KEYS)

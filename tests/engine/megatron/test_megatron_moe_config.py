@@ -1,0 +1,52 @@
+"""The megatron section's expert-parallel keys: accepted where the engine runs them (the actor
+under megatron's DDP, the reference in the actor's state), refused with the reason where it
+would not (expert TP other than TP, a megatron critic or virtual stages averaging gradients
+by hand), and sized against the data-parallel ranks the experts are split over."""
+
+import pytest
+
+from siirl.errors import ConfigError
+from siirl.params.parser import parse_config
+
+ACTOR = "actor_rollout_ref.actor"
+EP2 = [f"{ACTOR}.strategy=megatron", f"{ACTOR}.megatron.expert_model_parallel_size=2",
+       "trainer.device=cpu", "trainer.n_gpus_per_node=2"]
+
+
+def _refusal(overrides):
+    with pytest.raises(ConfigError) as info:
+        parse_config(overrides, validate=True)
+    return str(info.value)
+
+
+def test_expert_parallelism_of_the_actor_is_accepted():
+    config = parse_config(EP2 + ["actor_rollout_ref.ref.megatron.expert_model_parallel_size=2"],
+                          validate=True)
+    assert config.actor_rollout_ref.actor.megatron.expert_model_parallel_size == 2
+    parse_config(EP2 + [f"{ACTOR}.megatron.expert_tensor_parallel_size=1"], validate=True)
+
+
+def test_expert_tensor_parallelism_other_than_tp_is_refused():
+    text = _refusal(EP2 + [f"{ACTOR}.megatron.expert_tensor_parallel_size=2"])
+    assert "expert_tensor_parallel_size null" in text, text
+
+
+def test_expert_parallelism_where_gradients_are_averaged_by_hand_is_refused():
+    text = _refusal(EP2 + ["critic.strategy=megatron", "algorithm.adv_estimator=gae"])
+    assert "critic.strategy=fsdp" in text, text
+    text = _refusal(EP2 + ["trainer.n_gpus_per_node=4",
+                           f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                           f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2"])
+    assert "virtual_pipeline_model_parallel_size=null" in text, text
+
+
+def test_the_reference_follows_the_actors_expert_parallel_size():
+    text = _refusal(EP2 + ["actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"] +
+                    ["actor_rollout_ref.ref.strategy=megatron"])
+    assert f"{ACTOR}.megatron" in text, text
+
+
+def test_expert_parallel_size_must_divide_the_data_parallel_ranks():
+    text = _refusal(EP2 + [f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+                           f"{ACTOR}.megatron.sequence_parallel=true"])
+    assert "expert_model_parallel_size=2 must divide the data-parallel size 1" in text, text
