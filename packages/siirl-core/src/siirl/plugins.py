@@ -44,8 +44,9 @@ PROVIDED: Dict[str, Dict[str, str]] = {
                         "embodied": "siirl-envs"},
     "siirl.config": {"fsdp": "siirl-engine", "megatron": "siirl-engine",
                      "reward_model": "siirl-engine", "reward_judge": "siirl-engine",
-                     "env_manager": "siirl-envs", "env_scheduler": "siirl-envs",
-                     "embodied": "siirl-envs"},
+                     "rollout": "siirl-engine", "env_manager": "siirl-envs",
+                     "env_scheduler": "siirl-envs", "embodied": "siirl-envs",
+                     "multi_turn": "siirl-envs", "custom_envs": "siirl-envs"},
 }
 # The distribution whose entry points fill each group (a broken entry point is reinstalled)
 _GROUP_PROVIDER = {

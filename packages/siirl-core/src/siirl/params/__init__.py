@@ -75,7 +75,6 @@ __all__ = [
     "KLCtrlArguments",
     "ModelArguments",
     "AgentRolloutArguments",
-    "MultiTurnArguments",
     "OptimArguments",
     "OverlongBufferArguments",
     "PFPPOArguments",

@@ -116,7 +116,8 @@ def _rebuild(cls: type, path: str, mounts: List[Tuple[Mount, ConfigSection]],
         while at < len(names) and names[at] in added:  # after sections placed there before
             at += 1
         fields.insert(at, (mount.field_name, section.schema,
-                           dataclasses.field(default_factory=section.schema)))
+                           dataclasses.field(default_factory=section.default_factory(),
+                                             metadata=section.metadata)))
         names.insert(at, mount.field_name)
         added.add(mount.field_name)
     namespace = {k: v for k, v in vars(cls).items()

@@ -58,7 +58,10 @@ def _group(path: str):
     for part in [p for p in path.split(".") if p]:
         if not dataclasses.is_dataclass(node) or not hasattr(node, part):
             from siirl.params.parser import suggest
-            raise ConfigError(f"unknown config group '{path}'{suggest(path)}")
+            from siirl.params.provided_sections import absent_section_problem
+
+            raise ConfigError(absent_section_problem(path) or
+                              f"unknown config group '{path}'{suggest(path)}")
         node = getattr(node, part)
     if not dataclasses.is_dataclass(node):
         raise ConfigError(f"'{path}' is a key, not a group; see siirl-train --help "

@@ -191,20 +191,6 @@ RULES: Tuple[Rule, ...] = (
     notice(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
            "the hf rollout samples with the training module itself, so its log-probs are the "
            "old_log_prob node's.", actor_module_rollout),
-    notice((f"{ROLLOUT}.multi_turn.max_turns", f"{ROLLOUT}.multi_turn.use_inference_chat_template",
-            f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode"),
-           "no effect: a conversation is one token list",
-           "the conversation keeps the model's own tokens and renders tool turns with the "
-           "tokenizer's chat template, so nothing is re-tokenized or checked; bound turns with "
-           "multi_turn.max_assistant_turns / max_user_turns (max_turns is verl's old name)."),
-    notice(tuple(f"{ROLLOUT}.multi_turn.{k}" for k in (
-            "max_assistant_turns", "max_user_turns", "tool_config_path",
-            "interaction_config_path", "max_parallel_calls", "max_tool_response_length",
-            "tool_response_truncate_side", "format")), "no effect: multi-turn is off",
-           "multi_turn settings only act with actor_rollout_ref.rollout.multi_turn.enable=true "
-           "(max_assistant_turns also in a multi-agent workflow file).",
-           lambda config, key: not get(config, f"{ROLLOUT}.multi_turn.enable", False) and not (
-               key.endswith("max_assistant_turns") and custom_workflow(config))),
     # -- critic
     refused("critic.enable", "the workflow decides whether a critic runs",
             "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "

@@ -185,26 +185,6 @@ class ValKwargsArguments:
 
 
 @dataclass
-class MultiTurnArguments:
-    """Multi-turn / tool-calling rollout settings."""
-
-    enable: bool = False
-    max_turns: int | None = None
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    tool_config_path: str | None = None
-    interaction_config_path: str | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    use_inference_chat_template: bool = False
-    tokenization_sanity_check_mode: str = "strict"
-    format: str = "hermes"
-    # multi-agent workflows (siiRL): train every turn of an episode (unsupported) or the last
-    use_all_traj: bool = False
-
-
-@dataclass
 class AgentRolloutArguments:
     """siiRL's multi-agent rollout settings (``rollout.agent.*``)."""
 
@@ -251,7 +231,7 @@ class RolloutArguments:
                           "one); vllm and sglang rollouts (hf samples with the actor's own "
                           "weights)."})
     val_kwargs: ValKwargsArguments = field(default_factory=ValKwargsArguments)
-    multi_turn: MultiTurnArguments = field(default_factory=MultiTurnArguments)
+    # multi_turn (after val_kwargs): siirl-envs' section (siirl.environment.config.multi_turn)
     agent: AgentRolloutArguments = field(default_factory=AgentRolloutArguments)
 
 

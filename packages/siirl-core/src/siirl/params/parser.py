@@ -22,6 +22,7 @@ from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
 from siirl.params.aliases import apply_aliases
 from siirl.params.constraints import check_constraints
+from siirl.params.provided_sections import absent_section_problem
 
 SCHEMA_NAME = "siirl_config"
 
@@ -67,7 +68,8 @@ def _error_for(exc: OmegaConfBaseException, origin: str, fallback_key: str = "")
     key = getattr(exc, "full_key", None) or fallback_key
     kind = type(exc).__name__
     if kind in ("ConfigKeyError", "ConfigAttributeError"):
-        return ConfigError(f"unknown config key '{key}' in {origin}{suggest(key)}")
+        return ConfigError(absent_section_problem(key, origin) or
+                           f"unknown config key '{key}' in {origin}{suggest(key)}")
     message = str(exc).splitlines()[0]
     return ConfigError(f"bad value for '{key}' in {origin}: {message}")
 
@@ -131,6 +133,9 @@ def _apply_override(cfg: DictConfig, override, text: str) -> None:
     key = override.key_or_group
     parent_key = key.rsplit(".", 1)[0] if "." in key else ""
     origin = f"override '{text}'"
+    absent = absent_section_problem(key, origin)  # a key of a section not installed
+    if absent:
+        raise ConfigError(absent)
     if override.is_delete():
         if _node_at(cfg, key) is _ABSENT:
             raise ConfigError(f"cannot delete unknown key '{key}'{suggest(key)}")

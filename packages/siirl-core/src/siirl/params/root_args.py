@@ -3,7 +3,6 @@
 composed one."""
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import DataArguments
@@ -33,13 +32,5 @@ class SiiRLArguments:
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
     profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
-    # AGENTIC: {tag: {env_type, env_config}} (ROLL's layout); siirl-envs mounts the env
-    # manager and its schedulers after it (siirl.environment.config.agentic)
-    custom_envs: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "AGENTIC environments by tag (ROLL's layout), a free-form dict: "
-                "TAG: {env_type, env_config, env_instruction}.",
-        "entries": {"env_type": "an installed environment (siirl.environments)",
-                    "env_config": "the environment's own settings (a dict)",
-                    "env_instruction": "the rules shown to the agent (optional)"},
-        "example": "+custom_envs.Sok.env_type=sokoban "
-                   "+custom_envs.Sok.env_config.dim_room=[6,6]"})
+    # siirl-envs mounts custom_envs (AGENTIC environments by tag), the env manager and its
+    # schedulers after it (siirl.environment.config.agentic)

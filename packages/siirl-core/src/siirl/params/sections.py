@@ -23,6 +23,7 @@ engine module.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from siirl.params.key_conditions import get
@@ -33,9 +34,9 @@ from siirl.plugins import available, load_plugin
 # with the registration types, the facts about the run (run_shape) that a section's rules
 # and constraints read: all a section's module imports from core besides the rule modules
 __all__ = ["GROUP", "SPLICE_AFTER", "ConfigSection", "Mount", "actor_module_rollout",
-           "applying_mounts", "custom_workflow", "installed_names", "installed_sections",
-           "mounted_at", "own_engine_rollout", "role_runs", "section_applies",
-           "section_constraints", "section_rules", "section_run_problems",
+           "applying_mounts", "custom_workflow", "free_form", "installed_names",
+           "installed_sections", "mounted_at", "own_engine_rollout", "role_runs",
+           "section_applies", "section_constraints", "section_rules", "section_run_problems",
            "section_selected_by", "section_value_rules", "size", "workers", "workers_text"]
 
 GROUP = "siirl.config"
@@ -88,7 +89,9 @@ def _no_run_problems(config: Any, device_type: Optional[str]) -> List[str]:
 class ConfigSection:
     """A section of the configuration and the rules of its keys."""
 
-    schema: type  # the dataclass of its keys (its default instance is the default)
+    # the dataclass of its keys (its default instance is the default), or ``dict[str, X]``
+    # for a free-form mapping whose entries the user names (empty by default)
+    schema: Any
     mounts: Tuple[Mount, ...]
     applies_to: Tuple[str, ...] = ()  # selector values under which the run reads it
     label: str = ""  # how notices name it ("megatron settings apply only when ...")
@@ -124,11 +127,24 @@ class ConfigSection:
     # a collection read when asked (installed_names), so a name added to it in this process
     # counts too; core keeps no copy.
     names: Mapping[str, Collection[str]] = dataclasses.field(default_factory=dict, hash=False)
+    # the metadata of the field it becomes: ``help`` (a free-form mapping's line in --help;
+    # a dataclass's is its docstring), and for a mapping ``entries`` (what an entry holds,
+    # key -> text) and ``example`` (an override adding one), shown by --help PATH
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if not dataclasses.is_dataclass(self.schema):
-            raise TypeError(f"a config section's schema must be a dataclass, "
-                            f"not {self.schema!r}")
+        if not (dataclasses.is_dataclass(self.schema) or free_form(self.schema)):
+            raise TypeError(f"a config section's schema must be a dataclass or a "
+                            f"dict[str, ...], not {self.schema!r}")
+
+    def default_factory(self) -> Callable[[], Any]:
+        """What makes the section's default value (a free-form mapping's: ``dict``)."""
+        return dict if free_form(self.schema) else self.schema
+
+
+def free_form(schema: Any) -> bool:
+    """Whether ``schema`` is a free-form mapping (``dict[str, ...]``), not a dataclass."""
+    return typing.get_origin(schema) is dict
 
 
 def _load_sections() -> Dict[str, ConfigSection]:

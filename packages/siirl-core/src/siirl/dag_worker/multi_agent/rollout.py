@@ -53,6 +53,7 @@ from siirl.errors import ConfigError
 from siirl.execution.dag.node import NodeRole
 from siirl.execution.rollout_flow.engine_policy import EnginePolicy, left_padded
 from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
+from siirl.params.key_paths import value_at
 
 ROLLOUT = "actor_rollout_ref.rollout"
 _PROCESSES: Dict[str, AgentProcess] = {}
@@ -172,9 +173,9 @@ def play(worker: Any, config: Any, batch: Any, validate: bool) -> tuple:
     first = agents.configs[chain[0].agent_group]
     sampling = first.actor_rollout_ref.rollout
     n = (sampling.val_kwargs.n if validate else sampling.n) or 1
-    multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    turns = multi_turn.max_assistant_turns or 1
-    if multi_turn.use_all_traj:
+    # rollout.multi_turn is siirl-envs' section: without it an episode is one turn
+    turns = value_at(config, f"{ROLLOUT}.multi_turn.max_assistant_turns") or 1
+    if value_at(config, f"{ROLLOUT}.multi_turn.use_all_traj", False):
         raise ConfigError(f"{ROLLOUT}.multi_turn.use_all_traj=true is not supported: each "
                           "agent trains on its last turn of the episode")
     batch = batch.copy()

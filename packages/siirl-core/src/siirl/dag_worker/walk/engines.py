@@ -22,6 +22,7 @@ from siirl.dag_worker.walk.reward_manager_file import register_file_reward_manag
 from siirl.errors import PluginNotFoundError
 from siirl.execution.dag.node import NodeRole, NodeType
 from siirl.execution.dag.task_graph import TaskGraph
+from siirl.params.key_paths import value_at
 from siirl.plugins import load_plugin
 
 # role -> (entry-point group, config key naming the plugin, fallback key)
@@ -121,8 +122,9 @@ class WorkerEngines:
                 load_plugin(group, MULTI_TURN_PLUGIN, what=f"{MULTI_TURN_KEY}=true")
 
     def _multi_turn(self, role: str, name: str) -> bool:
+        # rollout.multi_turn is siirl-envs' section: absent (off) where it is not installed
         return role == "rollout" and name != MULTI_TURN_PLUGIN and \
-            self.config.actor_rollout_ref.rollout.multi_turn.enable
+            bool(value_at(self.config, MULTI_TURN_KEY, False))
 
     def peer_roles(self, role: str) -> Tuple[str, ...]:
         """Roles the plugin of ``role`` needs built before it (its factory's ``peer_roles``;

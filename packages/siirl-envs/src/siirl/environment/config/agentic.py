@@ -1,8 +1,9 @@
 """The agentic sections of siirl-envs (``algorithm.workflow_type=AGENTIC``): ROLL's env
 manager (``env_manager``: how episodes become training rows) and its rollout schedulers
-(``train_env_manager`` / ``val_env_manager``), with the rule tying them to the rollout.
-Registered as ``siirl.config: env_manager`` and ``env_scheduler``; the agentic rollout reads
-them. Nothing heavy is imported here: ``siirl-train --help`` reads it."""
+(``train_env_manager`` / ``val_env_manager``), with the rule tying them to the rollout, and
+the environments they play (``custom_envs``, by tag). Registered as ``siirl.config:
+custom_envs``, ``env_manager`` and ``env_scheduler``; the agentic rollout reads them.
+Nothing heavy is imported here: ``siirl-train --help`` reads it."""
 
 from __future__ import annotations
 
@@ -108,6 +109,21 @@ def scheduler_problems(config: Any) -> List[str]:
     return problems
 
 
+# ROLL's layout {tag: {env_type, env_config, env_instruction}}: a free-form mapping whose
+# tags the user names; the agentic rollouts build one environment per tag
+# (siirl.environment.registry.envs_from_config)
+CUSTOM_ENVS = ConfigSection(
+    schema=dict[str, Any],
+    mounts=(Mount("custom_envs", "agentic", after="profiler"),),
+    metadata={
+        "help": "AGENTIC environments by tag (ROLL's layout), a free-form dict: "
+                "TAG: {env_type, env_config, env_instruction}.",
+        "entries": {"env_type": "an installed environment (siirl.environments)",
+                    "env_config": "the environment's own settings (a dict)",
+                    "env_instruction": "the rules shown to the agent (optional)"},
+        "example": "+custom_envs.Sok.env_type=sokoban "
+                   "+custom_envs.Sok.env_config.dim_room=[6,6]"},
+)
 # read by the AGENTIC workflow and the env-manager rollouts of custom workflows alike, so no
 # selector: the keys apply wherever an env manager runs
 ENV_MANAGER = ConfigSection(
