@@ -188,24 +188,27 @@ RESUMED_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entr
                 "critic/vf_loss", "critic/grad_norm", "critic/score/mean")
 
 
-def test_bf16_ppo_resumes_bitwise(tmp_path):
+@pytest.mark.parametrize("distributed", [True, False], ids=["dist-optimizer", "plain"])
+def test_bf16_ppo_resumes_bitwise(tmp_path, distributed):
     """PPO with actor, reference and critic in bf16: steps 3 and 4 after a resume from
     step 2's checkpoint (bf16 weights, the fp32 main weights and Adam state of the actor's
     distributed optimizer and of the critic's mixed-precision AdamW) equal the
     uninterrupted run's exactly. Step 4 reads the weights step 3's update made from the
     restored fp32 main weights (step 3's own metrics come from the loaded bf16 weights).
-    The weight sync sent bf16 (half fp32's bytes)."""
+    The weight sync sent bf16 (half fp32's bytes). ``plain``: the actor's megatron
+    optimizer without ZeRO sharding (``Float16OptimizerWithFloat16Params``)."""
     from test_megatron_engine import steps, train
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    train(whole, *PPO_BF16, "trainer.total_training_steps=4", "trainer.save_freq=-1")
-    train(parts, *PPO_BF16, "trainer.total_training_steps=2", "trainer.save_freq=2")
+    ppo = [*PPO_BF16, f"actor_rollout_ref.actor.megatron.use_distributed_optimizer={distributed}"]
+    train(whole, *ppo, "trainer.total_training_steps=4", "trainer.save_freq=-1")
+    train(parts, *ppo, "trainer.total_training_steps=2", "trainer.save_freq=2")
     critic = parts / "global_step_2" / "critic"
     assert (critic / "dist_ckpt").is_dir() and (critic / "optimizer.pt").is_file()
     saved = torch.load(critic / "optimizer.pt", weights_only=True)
     assert all(p.dtype == torch.float32 for group in saved["fp32_from_fp16_params"]
                for p in group)  # the critic's fp32 main weights are in its checkpoint
-    train(parts, *PPO_BF16, "trainer.total_training_steps=4", "trainer.save_freq=-1")
+    train(parts, *ppo, "trainer.total_training_steps=4", "trainer.save_freq=-1")
     want, got = steps(whole), steps(parts)
     for step in (3, 4):
         for key in RESUMED_KEYS:
