@@ -62,6 +62,10 @@ def test_marft_math_trains_each_agent_and_resumes(tmp_path):
         # train_cycle 15: agent group 0's actor trains in steps 1-15, group 1's waits
         assert "agent_group_0/actor/pg_loss" in record
         assert record["agent_group_1/actor_2_train/train_cycle_skipped"] == 1.0
+        # the planner's: agent 0's update takes its old log-probs from its own first
+        # forward; agent 1's old-log-prob node runs while its update waits for its turn
+        assert "timing_s/actor_1_old_log_prob" not in record
+        assert "timing_s/actor_2_old_log_prob" in record
     # each agent's turn as text, each worker its share of the trained rows
     lines = [json.loads(line) for rank in range(4) for line in
              (tmp_path / f"rollouts/1.rank{rank}.jsonl").read_text().splitlines()]

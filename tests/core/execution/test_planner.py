@@ -123,25 +123,64 @@ def test_kl_in_reward_reorders_a_custom_pipeline_by_role():
     assert order(graph) == ["gen", "old", "ref", "adv", "train"]
 
 
-def test_a_multi_agent_workflow_keeps_each_agents_old_log_prob_node():
+def two_agents(settings=None, options=None, share=None):
+    """Two agents, each: rollout, advantage, old log-probs, reference, update; ``settings``
+    and ``options`` per group go on the group's nodes' ``config`` / its update's
+    ``agent_options``; ``share`` on agent 1's update."""
     pipe = Pipeline("agents", "two agents")
     for group in (0, 1):
+        config = (settings or {}).get(group, {})
         pipe.add_node(f"gen{group}", node_type="model_inference", node_role="rollout",
                       agent_group=group)
         pipe.add_node(f"adv{group}", deps=[f"gen{group}"], node_type="compute",
                       node_role="advantage", agent_group=group)
         pipe.add_node(f"old{group}", deps=[f"adv{group}"], node_type="model_inference",
-                      node_role="actor", agent_group=group)
+                      node_role="actor", agent_group=group, config=config)
         pipe.add_node(f"ref{group}", deps=[f"old{group}"], node_type="model_inference",
-                      node_role="reference", agent_group=group,
-                      config={"actor.use_kl_loss": True} if group else {})
+                      node_role="reference", agent_group=group, config=config)
+        agent_options = dict((options or {}).get(group, {}))
+        if share is not None and group == 1:
+            agent_options["share_instance"] = share
         pipe.add_node(f"train{group}", deps=[f"ref{group}"], node_type="model_train",
-                      node_role="actor", agent_group=group)
-    graph = plan_graph(pipe.build(), ON_POLICY)
-    assert {"old0", "old1", "ref1"} <= set(graph.nodes)
-    assert list(graph.left_out) == ["ref0"]  # agent 1 sets the KL loss for itself
+                      node_role="actor", agent_group=group, config=config,
+                      agent_options=agent_options)
+    return pipe.build()
+
+
+def test_each_agent_is_asked_with_its_own_settings():
+    graph = plan_graph(two_agents({1: {"actor.use_kl_loss": True}}), ON_POLICY)
+    assert {"ref1"} <= set(graph.nodes) and not {"old0", "old1", "ref0"} & set(graph.nodes)
+    assert list(graph.left_out) == ["ref0", "old0", "old1"]  # agent 1's KL loss is its own
+    assert graph.nodes["train1"].dependencies == ["ref1"]
+    assert graph.nodes["ref1"].dependencies == ["adv1"]
+    assert "on-policy" in graph.left_out["old1"].reason
     plan = TaskScheduler(2).schedule(graph)
-    assert [list(a.graph.left_out) for a in plan] == [["ref0"], []]
+    assert [list(a.graph.left_out) for a in plan] == [["ref0", "old0"], ["old1"]]
+    # agent 1 takes two epochs: only its own node runs
+    graph = plan_graph(two_agents({1: {"actor.ppo_epochs": 2}}), ON_POLICY)
+    assert "old1" in graph.nodes and "old0" not in graph.nodes
+
+
+def test_an_agent_whose_actor_is_shared_keeps_its_old_log_prob_node():
+    # agent 0's update would change the weights agent 1's first forward reads
+    graph = plan_graph(two_agents(share=0), ON_POLICY)
+    assert {"old0", "old1"} <= set(graph.nodes)
+    assert sorted(graph.left_out) == ["ref0", "ref1"]
+
+
+def test_an_agent_taking_train_cycle_turns_runs_its_node_while_it_waits():
+    graph = plan_graph(two_agents(options={0: {"train_cycle": 2}}), ON_POLICY)
+    assert graph.nodes["old0"].while_waiting == "train0" and "old1" not in graph.nodes
+    assert graph.left_out["old0"].reason.startswith(
+        "in the steps where train0 trains (agent_options.train_cycle=2): on-policy")
+    assert "(steps where train0 waits for its train_cycle turn only)" in graph.format()
+    graph = plan_graph(two_agents(options={0: {"train_cycle": 2}}),
+                       {"trainer": {"critic_warmup": 1}})
+    assert (graph.nodes["old0"].until_step, graph.nodes["old0"].while_waiting) == (1, "train0")
+    assert graph.left_out["old0"].reason.startswith(
+        "from step 2 (after trainer.critic_warmup=1), in the steps where train0 trains")
+    assert "(steps 1-1 and steps where train0 waits for its train_cycle turn only)" in \
+        graph.format()
 
 
 def test_kl_in_reward_adds_the_log_prob_nodes_a_workflow_lacks():

@@ -6,9 +6,10 @@ import torch
 
 from siirl.dag_worker.core_algos import get_adv_estimator_fn
 from siirl.dag_worker.core_algos.advantages import compute_gae_advantage_return
-from siirl.dag_worker.multi_agent.agent_groups import AgentGroups, _group_config
+from siirl.dag_worker.multi_agent.agent_groups import AgentGroups
 from siirl.data_coordinator import protocol
 from siirl.errors import PipelineError
+from siirl.execution.dag.agent_config import group_config
 from siirl.execution.dag.node import Node, NodeRole, NodeType
 from siirl.execution.dag.pipeline import Pipeline
 from siirl.params.typed import to_typed
@@ -38,25 +39,25 @@ def test_view_shows_shared_and_own_fields_and_merge_prefixes_changes():
 def test_group_config_applies_node_settings_under_actor_rollout_ref():
     config = to_typed({"actor_rollout_ref": {"rollout": {"n": 4, "top_p": 1.0}}})
     nodes = [Node("a", NodeType.MODEL_TRAIN, NodeRole.ACTOR, config={"rollout.n": 1})]
-    own = _group_config(config, nodes, 1)
+    own = group_config(config, nodes, 1)
     assert own.actor_rollout_ref.rollout.n == 1 and config.actor_rollout_ref.rollout.n == 4
     # a copy along the key's path only: the other sections are the run's own objects
     assert own.actor_rollout_ref.actor is config.actor_rollout_ref.actor
     assert own.trainer is config.trainer
-    typed = _group_config(config, [Node("t", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
+    typed = group_config(config, [Node("t", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
                                         config={"rollout.n": "2", "rollout.val_kwargs":
                                                 {"n": 3}})], 1)
     assert typed.actor_rollout_ref.rollout.n == 2  # converted to the field's type
     assert typed.actor_rollout_ref.rollout.val_kwargs.n == 3  # a mapping merges
     with pytest.raises(PipelineError, match="config key 'rollout.n'"):
-        _group_config(config, [Node("w", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
+        group_config(config, [Node("w", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
                                     config={"rollout.n": "many"})], 1)
     with pytest.raises(PipelineError, match="node 'b'.*config key 'rollout.nn'"):
-        _group_config(config, [Node("b", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
+        group_config(config, [Node("b", NodeType.MODEL_TRAIN, NodeRole.ACTOR,
                                     config={"rollout.nn": 1})], 1)
     clash = nodes + [Node("c", NodeType.MODEL_TRAIN, NodeRole.ACTOR, config={"rollout.n": 2})]
     with pytest.raises(PipelineError, match="node 'c' sets config rollout.n=2"):
-        _group_config(config, clash, 1)
+        group_config(config, clash, 1)
 
 
 def test_train_cycle_gives_each_agent_its_turn():
@@ -71,6 +72,15 @@ def test_train_cycle_gives_each_agent_its_turn():
         [False, False, True, True, False]
     assert [agents.skips_training(a1, s) for s in (1, 2, 3, 4, 5)] == \
         [True, True, False, False, True]
+    # a node the planner left out of the steps where a0 trains (its old log-probs), and
+    # one planned for the critic warm-up steps 1-2 as well
+    a0_old = Node("a0_old", NodeType.MODEL_INFERENCE, NodeRole.ACTOR, while_waiting="a0")
+    assert [agents.planned_out(a0_old, s) for s in (1, 2, 3, 4, 5)] == \
+        [True, True, False, False, True]
+    a0_old.until_step = 2
+    assert [agents.planned_out(a0_old, s) for s in (1, 2, 3, 4, 5)] == \
+        [False, False, False, False, True]
+    assert not any(agents.planned_out(a0, s) for s in (1, 2, 3, 4, 5))  # planned as is
 
 
 def test_marft_gae_runs_gae_across_the_agents_in_turn():

@@ -231,8 +231,8 @@ class DAGWorker:
                               for dep in node.dependencies])
             else:
                 node_input = batch
-            if node.until_step is not None and self.global_step > node.until_step:
-                output = NodeOutput(batch=None)  # planned for the first steps only
+            if self.agents.planned_out(node, self.global_step):
+                output = NodeOutput(batch=None)  # planned for some steps only
             else:
                 output = self._run_planned(node, node_input)
             if (output.info or {}).get("regenerate"):

@@ -4,7 +4,8 @@ own engines, its own settings, and its own fields in the step's batch.
 A node's ``agent_group`` says whose engines it uses. Every group gets the run's typed
 configuration with the ``config:`` blocks of its nodes applied under ``actor_rollout_ref``
 (``rollout.n: 1`` sets ``actor_rollout_ref.rollout.n`` for that agent only: a
-``dataclasses.replace`` along the key's path, the other sections shared), and its own
+``dataclasses.replace`` along the key's path, the other sections shared:
+``siirl.execution.dag.agent_config``, which the planner reads too), and its own
 ``WorkerEngines``; ``agent_options.share_instance: k`` on a node makes that role's engine
 group k's (e.g. one critic for both agents).
 
@@ -19,12 +20,11 @@ A workflow with one agent group is run exactly as before: no views, no prefixes.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional
 
 from siirl.errors import PipelineError
+from siirl.execution.dag.agent_config import group_config
 from siirl.execution.dag.node import Node
 from siirl.execution.dag.task_graph import TaskGraph
 
@@ -46,59 +46,6 @@ def group_ids(graph: TaskGraph) -> List[int]:
     return sorted({node.agent_group for node in graph.nodes.values()})
 
 
-def _replaced(section: Any, path: List[str], value: Any) -> Any:
-    """``section`` (a dataclass, or a free-form dict) with the setting at ``path`` set to
-    ``value``; ``value`` is checked and converted against its field's type as the parser
-    does, and a mapping given for a section merges into it."""
-    head, rest = path[0], path[1:]
-    if isinstance(section, Mapping):  # a free-form dict: only keys it has
-        if head not in section:
-            raise KeyError(head)
-        return {**section, head: _replaced(section[head], rest, value) if rest else value}
-    if not dataclasses.is_dataclass(section) or \
-            head not in {f.name for f in dataclasses.fields(section)}:
-        raise KeyError(head)
-    current = getattr(section, head)
-    if rest:
-        return dataclasses.replace(section, **{head: _replaced(current, rest, value)})
-    if isinstance(value, Mapping) and dataclasses.is_dataclass(current):
-        for key, item in value.items():
-            current = _replaced(current, [key], item)
-        return dataclasses.replace(section, **{head: current})
-    from omegaconf import OmegaConf  # the field's type check and conversion
-
-    checked = OmegaConf.structured(section)
-    OmegaConf.update(checked, head, value, merge=True)
-    return dataclasses.replace(section, **{head: getattr(OmegaConf.to_object(checked), head)})
-
-
-def _group_config(config: Any, nodes: Iterable[Node], group: int) -> Any:
-    """The run's configuration (``SiiRLArguments``) with group ``group``'s node settings
-    applied."""
-    settings: Dict[str, tuple] = {}
-    for node in nodes:
-        for key, value in (node.config or {}).items():
-            seen = settings.get(key)
-            if seen is not None and seen[0] != value:
-                raise PipelineError(
-                    f"agent group {group}: node '{node.node_id}' sets config {key}={value!r} "
-                    f"but node '{seen[1]}' sets {key}={seen[0]!r}; one agent's engines have "
-                    "one setting")
-            settings[key] = (value, node.node_id)
-    if not settings:
-        return config
-    section = config.actor_rollout_ref
-    for key, (value, node_id) in settings.items():
-        full = f"actor_rollout_ref.{key}"
-        try:
-            section = _replaced(section, key.split("."), value)
-        except Exception as exc:  # unknown key, wrong type: name the node and the key
-            raise PipelineError(
-                f"node '{node_id}' (agent group {group}): config key '{key}' "
-                f"({full}={value!r}) is not a valid setting: {exc}") from exc
-    return dataclasses.replace(config, actor_rollout_ref=section)
-
-
 class AgentGroups:
     """Per-agent configuration and engines of one worker (one group for ordinary graphs)."""
 
@@ -109,7 +56,7 @@ class AgentGroups:
         self.ids = group_ids(graph) or [0]
         self.multi = len(self.ids) > 1
         by_group = {g: [n for n in graph.nodes.values() if n.agent_group == g] for g in self.ids}
-        self.configs = {g: _group_config(config, by_group[g], g) if self.multi else config
+        self.configs = {g: group_config(config, by_group[g], g) if self.multi else config
                         for g in self.ids}
         self.engines = {g: WorkerEngines(self.configs[g], worker=worker) for g in self.ids}
         self._nodes = by_group
@@ -213,6 +160,17 @@ class AgentGroups:
             return False
         turn = (max(int(step), 1) - 1) // int(cycle) % len(self.ids)
         return self.ids[turn] != node.agent_group
+
+    def planned_out(self, node: Node, step: int) -> bool:
+        """Whether the planner left ``node`` out of step ``step``: a node it planned for
+        some steps only runs in steps 1..``until_step`` and in those where the update
+        ``while_waiting`` waits for its train_cycle turn."""
+        windows = []
+        if node.until_step is not None:
+            windows.append(step <= node.until_step)
+        if node.while_waiting is not None:
+            windows.append(self.skips_training(self.graph.nodes[node.while_waiting], step))
+        return bool(windows) and not any(windows)
 
 
 def _engine_role(node: Node) -> Optional[str]:

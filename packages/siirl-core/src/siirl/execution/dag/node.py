@@ -90,8 +90,11 @@ class Node:
     agent_group: int = 0
     config: Dict[str, Any] = field(default_factory=dict)
     agent_options: Dict[str, Any] = field(default_factory=dict)
-    # The planner's: the node runs in training steps 1..until_step only (None: every step)
+    # The planner's: the node runs in training steps 1..until_step (critic warm-up) and in
+    # the steps where train node ``while_waiting`` waits for its agent_options.train_cycle
+    # turn only (both None: every step)
     until_step: Optional[int] = None
+    while_waiting: Optional[str] = None
 
     def __post_init__(self):
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -144,6 +147,9 @@ class Node:
     def describe(self) -> str:
         deps = ", ".join(self.dependencies) or "-"
         target = self.executable_ref or getattr(self.executable, "__qualname__", "-")
-        steps = f" (steps 1-{self.until_step} only)" if self.until_step is not None else ""
+        windows = ([f"steps 1-{self.until_step}"] if self.until_step is not None else []) + \
+            ([f"steps where {self.while_waiting} waits for its train_cycle turn"]
+             if self.while_waiting is not None else [])
+        steps = f" ({' and '.join(windows)} only)" if windows else ""
         return (f"{self.node_id} [{self.node_type.name}/{self.node_role.name}] "
                 f"<- {deps} : {target}{steps}")

@@ -12,7 +12,10 @@ function is the user's and is planned as written. ``--print-dag`` prints the res
   forward (the actor engine plugin's ``old_log_probs_from_update(config, workers)``: one
   epoch over one mini-batch, no shuffle, the same micro-batches), unless something reads
   them before the update (KL in the reward). With ``trainer.critic_warmup=k`` the actor
-  does not train in steps 1..k, so there the node runs (``until_step``).
+  does not train in steps 1..k, so there the node runs (``until_step``). In a multi-agent
+  workflow each agent group is asked with its own settings (its nodes' ``config:``), where
+  its one update follows its old-log-prob node and its actor is not shared; where that
+  update waits for its ``agent_options.train_cycle`` turn the node runs (``while_waiting``).
 * KL in the reward: the old-log-prob and reference nodes that the workflow puts after the
   advantage node are moved before it, which applies the penalty with them (a workflow
   without them gets them added there).
@@ -29,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from siirl.errors import ConfigError, PluginNotFoundError
+from siirl.errors import ConfigError, PipelineError, PluginNotFoundError
+from siirl.execution.dag.agent_config import group_config
 from siirl.execution.dag.node import Node, NodeRole, NodeType
 from siirl.execution.dag.pipeline import WORKER
 from siirl.execution.dag.task_graph import TaskGraph
@@ -130,19 +134,72 @@ def _on_policy_update(cfg: Any, workers: int) -> bool:
         return False
 
 
-def _old_log_prob_decision(graph: TaskGraph, cfg: Any, workers: int) -> Optional[str]:
-    """The reason the old-log-prob nodes are left out, or None when they run."""
+ON_POLICY_REASON = ("on-policy update (ppo_epochs=1, one mini-batch per step, no shuffle, the "
+                    "log-prob pass's micro-batches): the actor's update takes the old "
+                    "log-probs from its own first forward, bit for bit")
+
+
+def _siirl_updates(graph: TaskGraph, group: int) -> List[Node]:
+    return [n for n in graph.nodes.values() if n.agent_group == group and trains_actor(n)
+            and _runs(n, TRAIN_ACTOR_FN)]
+
+
+def _agent_on_policy(graph: TaskGraph, cfg: Any, workers: int, group: int) -> bool:
+    """Whether agent ``group``'s update computes its old log-probs bit for bit as its first
+    forward: its one update of siiRL's own follows each of its old-log-prob nodes, its actor
+    is its own (with ``share_instance`` another agent's update could change the weights in
+    between), and the actor engine plugin says so for the agent's settings."""
+    updates = _siirl_updates(graph, group)
+    if len(updates) != 1:
+        return False
+    for node in graph.nodes.values():
+        share = node.agent_options.get("share_instance")
+        if share is not None and node.node_role in (NodeRole.ACTOR, NodeRole.ROLLOUT) and \
+                group in (node.agent_group, share):
+            return False
+        if node.agent_group == group and is_old_log_prob(node) and \
+                updates[0].node_id not in _descendants(graph, node.node_id):
+            return False
+    try:
+        agent_cfg = group_config(cfg, [n for n in graph.nodes.values()
+                                       if n.agent_group == group], group)
+    except PipelineError:  # the worker names the setting when it builds the agent's engines
+        return False
+    return _on_policy_update(agent_cfg, workers)
+
+
+def _old_log_prob_decision(graph: TaskGraph, cfg: Any, workers: int) -> Dict[int, str]:
+    """The agent groups whose old-log-prob nodes are left out, with the reason."""
     if cfg.algorithm.use_kl_in_reward:
-        return None  # the KL penalty reads them before the update
-    if len({node.agent_group for node in graph.nodes.values()}) > 1:
-        return None  # each agent's update has its own settings: every agent computes them
+        return {}  # the KL penalty reads them before the update
+    groups = sorted({node.agent_group for node in graph.nodes.values()})
+    if len(groups) > 1:  # each agent's update has its own settings
+        return {group: ON_POLICY_REASON for group in groups
+                if _agent_on_policy(graph, cfg, workers, group)}
     if not any(trains_actor(n) and _runs(n, TRAIN_ACTOR_FN) for n in graph.nodes.values()):
-        return None  # no update of siiRL's own in this workflow to take them over
+        return {}  # no update of siiRL's own in this workflow to take them over
     if not _on_policy_update(cfg, workers):
-        return None
-    return ("on-policy update (ppo_epochs=1, one mini-batch per step, no shuffle, the "
-            "log-prob pass's micro-batches): the actor's update takes the old log-probs "
-            "from its own first forward, bit for bit")
+        return {}
+    return {group: ON_POLICY_REASON for group in groups}
+
+
+def _in_steps(graph: TaskGraph, node: Node, warmup: int) -> str:
+    """Plan old-log-prob ``node`` for the steps where its agent's actor does not train (it
+    logs the policy's entropy there): the ``trainer.critic_warmup`` steps, and the steps
+    where the update waits for its ``agent_options.train_cycle`` turn (multi-agent); the
+    words that say in which steps it is left out."""
+    words = []
+    if warmup > 0:
+        node.until_step = warmup
+        words.append(f"from step {warmup + 1} (after trainer.critic_warmup={warmup})")
+    update = _siirl_updates(graph, node.agent_group)
+    cycle = update[0].agent_options.get("train_cycle") if len(update) == 1 and \
+        len({n.agent_group for n in graph.nodes.values()}) > 1 else None
+    if cycle:
+        node.while_waiting = update[0].node_id
+        words.append(f"in the steps where {update[0].node_id} trains "
+                     f"(agent_options.train_cycle={cycle})")
+    return ", ".join(words) + ": " if words else ""
 
 
 def _without(graph: TaskGraph, node_id: str) -> None:
@@ -243,19 +300,16 @@ def plan_graph(graph: TaskGraph, config: Any, workers: int = 1) -> TaskGraph:
                                              "(actor_rollout_ref.actor.use_kl_loss and "
                                              "algorithm.use_kl_in_reward are false)",
                                              node.agent_group)
-    reason = _old_log_prob_decision(planned, cfg, workers)
+    reasons = _old_log_prob_decision(planned, cfg, workers)
     warmup = int(cfg.trainer.critic_warmup or 0)
     for node in list(planned.nodes.values()):
+        reason = reasons.get(node.agent_group)
         if reason and is_old_log_prob(node):
-            if warmup > 0:  # the actor does not train in warm-up steps: it runs there
-                node.until_step = warmup
-                left_out[node.node_id] = LeftOut(
-                    f"from step {warmup + 1} (after trainer.critic_warmup={warmup}): {reason}",
-                    node.agent_group)
-            else:
-                left_out[node.node_id] = LeftOut(reason, node.agent_group)
+            left_out[node.node_id] = LeftOut(_in_steps(planned, node, warmup) + reason,
+                                             node.agent_group)
     for node_id in left_out:
-        if planned.nodes[node_id].until_step is None:
+        node = planned.nodes[node_id]
+        if node.until_step is None and node.while_waiting is None:
             _without(planned, node_id)
     if cfg.algorithm.use_kl_in_reward:
         _log_probs_before_advantage(planned)
