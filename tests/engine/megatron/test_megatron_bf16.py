@@ -250,3 +250,20 @@ def test_bf16_tensor_parallel_2_on_two_cpu_workers(tmp_path):
     assert_close(got[1]["actor/grad_norm"], norm, rounding(torch.bfloat16, roundings, norm),
                  "bf16 vs fp32 grad norm at TP 2")
     assert (tmp_path / "bf16" / "global_step_2" / "actor" / "dist_optim" / "layout.json").is_file()
+
+
+@pytest.mark.parametrize("name,rollout_dtype,trained,sent", [
+    ("hf", "bfloat16", torch.float32, torch.float32),  # copied into the hf rollout's module
+    ("hf", "float32", torch.bfloat16, torch.bfloat16),
+    ("vllm", "bfloat16", torch.float32, torch.bfloat16),  # the server's model dtype
+    ("sglang", "fp16", torch.bfloat16, torch.float16),
+    ("vllm", "auto", torch.bfloat16, torch.bfloat16),
+])
+def test_weight_sync_sends_the_rollouts_dtype(name, rollout_dtype, trained, sent):
+    from types import SimpleNamespace
+
+    from siirl.engine.megatron.mixed_precision import rollout_weight_dtype
+
+    rollout = SimpleNamespace(name=name, dtype=rollout_dtype)
+    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout))
+    assert rollout_weight_dtype(cfg, trained) == sent
