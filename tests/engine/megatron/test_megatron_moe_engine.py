@@ -106,9 +106,17 @@ def test_megatron_moe_actor_trains_like_fsdp(tmp_path, common, fsdp_moe_run):
 def test_expert_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(
         tmp_path, common, fsdp_moe_run):
     """Two workers are two data-parallel ranks (each its own rows) and one expert-parallel
-    group: the actor and the reference hold 2 of the 4 experts each."""
+    group: the actor and the reference hold 2 of the 4 experts each. The step-2 checkpoint
+    (weights and megatron's chained dense + expert optimizer) resumes step 3 exactly."""
     overrides, env = ray_workers(2)
-    train(tmp_path, *MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
-          "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2", *overrides, *common,
-          env=env)
-    assert_close_steps(steps(tmp_path), fsdp_moe_run, KEYS)
+    ep2 = [*MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+           "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2", *overrides, *common]
+    whole = tmp_path / "whole"
+    train(whole, *ep2, "trainer.total_training_steps=3", "trainer.save_freq=2", env=env)
+    assert_close_steps(steps(whole), fsdp_moe_run, KEYS)
+    resumed = tmp_path / "resumed"
+    train(resumed, *ep2, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
+          f"trainer.resume_from_path={whole / 'global_step_2'}", env=env)
+    assert sorted(steps(resumed)) == [3]
+    for key in KEYS:
+        assert steps(resumed)[3][key] == steps(whole)[3][key], key
