@@ -15,16 +15,22 @@ siiRL's implied settings.
   it still reads) -> ``reward_model.reward_manager``, the manager the reward role builds;
   with ``reward_manager.source=importlib`` it is the class loaded from
   ``reward_manager.module.path`` (``siirl.dag_worker.walk.reward_manager_file``). The two set to
-  different managers is a conflict.
+  different managers is a conflict;
+- a backend's other names (verl's ``strategy=fsdp2``, its FSDP2 spelling, for ``fsdp``: both
+  select siiRL's FSDP2 backend), written as the backend's own name wherever a key picks one
+  (``canonical_backend_names``), so every reader, ``--print-config`` included, sees one name.
 """
 
 from __future__ import annotations
 
-from typing import List
+import dataclasses
+from typing import Any, Dict, Iterator, List, Tuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from siirl.params import SiiRLArguments
 from siirl.params.reward_args import RewardModelArguments
+from siirl.params.sections import installed_sections
 
 KWARGS = "reward_model.reward_kwargs"
 OVERLONG = "reward_model.overlong_buffer"
@@ -33,6 +39,7 @@ MANAGER, LEGACY_MANAGER = "reward_manager", "reward_model.reward_manager"
 
 def apply_aliases(cfg: DictConfig) -> List[str]:
     """Move the aliased keys in place; the problems found (unknown sub-keys, conflicts)."""
+    canonical_backend_names(cfg)
     # cfg is the DictConfig being composed: the schema's groups read as attributes
     if str(cfg.algorithm.adv_estimator).lower() == "cpgd":
         OmegaConf.update(cfg, "actor_rollout_ref.actor.use_cpgd_loss", True)
@@ -97,3 +104,55 @@ def _reward_manager_choice(cfg: DictConfig) -> List[str]:
 
 
 _LEGACY_DEFAULT = RewardModelArguments().reward_manager
+
+
+# a section's name table (``ConfigSection.names``) of the other names of the backend it
+# applies to (``applies_to[0]``): ``names={"aliases": ("fsdp2",)}`` on the fsdp section
+ALIASES = "aliases"
+
+
+def _schema_fields(node: Any = SiiRLArguments, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """(dotted key, field) of every leaf of the schema."""
+    for f in dataclasses.fields(node):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            yield from _schema_fields(type(default), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+def backend_aliases() -> Dict[str, Dict[str, str]]:
+    """key -> {alias: backend} for each key an alias may be written at: the selectors of the
+    section declaring it, and every key whose names come from the same registry as one of
+    those selectors (its field's ``names``: ``reward_model.strategy`` names a training
+    backend as ``actor_rollout_ref.actor.strategy`` does)."""
+    fields = dict(_schema_fields())
+    at: Dict[str, Dict[str, str]] = {}
+    for section in installed_sections().values():
+        aliases = section.names.get(ALIASES, ())
+        if not aliases:
+            continue
+        selectors = {m.selector for m in section.mounts if m.selector is not None}
+        sources = [fields[s].metadata.get("names") for s in selectors if s in fields]
+        keys = selectors | {k for k, f in fields.items()
+                            if f.metadata.get("names") is not None and
+                            f.metadata.get("names") in sources}
+        for key in keys:
+            at.setdefault(key, {}).update({alias: section.applies_to[0] for alias in aliases})
+    return at
+
+
+def canonical_backend_names(cfg: DictConfig) -> None:
+    """Write each backend alias set in ``cfg`` as the backend's own name, in place. A key
+    that interpolates another (``ref.strategy`` follows ``actor.strategy``) is left as it
+    is: the key it follows is written."""
+    for key, aliases in sorted(backend_aliases().items()):
+        parent_key, leaf = key.rsplit(".", 1)
+        parent = cfg
+        for part in parent_key.split("."):
+            parent = parent[part]
+        if OmegaConf.is_interpolation(parent, leaf):
+            continue
+        value = parent[leaf]
+        if isinstance(value, str) and value in aliases:
+            parent[leaf] = aliases[value]

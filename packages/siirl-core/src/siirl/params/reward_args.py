@@ -80,7 +80,8 @@ class RewardModelArguments:
                                          "reward is its rule score plus rm_weight times the "
                                          "model's."}
     )
-    strategy: str = "fsdp"
+    # the training backend of the reward model (names from siirl.engines, as the actor's)
+    strategy: str = field(default="fsdp", metadata={"names": plugin_group("siirl.engines")})
     # siiRL's keys: how the model scores, and its weight against the rule scores
     style: str = field(
         default="discriminative",

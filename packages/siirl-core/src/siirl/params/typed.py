@@ -24,8 +24,13 @@ def to_typed(config: Any = None) -> SiiRLArguments:
 
     if isinstance(config, DictConfig) and OmegaConf.get_type(config) is SiiRLArguments:
         return OmegaConf.to_object(config)
-    schema = OmegaConf.structured(SiiRLArguments)
-    return OmegaConf.to_object(schema if config is None else OmegaConf.merge(schema, config))
+    from siirl.params.aliases import canonical_backend_names
+
+    merged = OmegaConf.structured(SiiRLArguments)
+    if config is not None:
+        merged = OmegaConf.merge(merged, config)
+        canonical_backend_names(merged)  # as siirl-train's parser does: strategy=fsdp2 is fsdp
+    return OmegaConf.to_object(merged)
 
 
 def to_section(cls: type, values: Any = None) -> Any:

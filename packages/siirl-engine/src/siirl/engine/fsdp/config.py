@@ -139,5 +139,9 @@ SECTION = ConfigSection(
     value_rules=(at_least(-1, "*.fsdp_config.fsdp_size", " (-1: all workers)"),),
     # siirl-engine's schedules and built-in models (the megatron backend builds and loads
     # the same ones); listed once, here, for the validation pass and --help
-    names={"lr_schedules": LR_SCHEDULES, "builtin_models": BUILTIN_ASSETS},
+    names={"lr_schedules": LR_SCHEDULES, "builtin_models": BUILTIN_ASSETS,
+           # verl's strategy=fsdp2 (its FSDP2; its fsdp is FSDP1): this backend is FSDP2
+           # (torch's fully_shard), so both name it; the config writes fsdp2 as fsdp
+           # (siirl.params.aliases)
+           "aliases": ("fsdp2",)},
 )

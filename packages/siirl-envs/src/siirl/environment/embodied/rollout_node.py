@@ -207,8 +207,6 @@ def check_settings(config: Any) -> None:
     }
     for key, (value, wanted, why) in refused.items():
         value = str(value or wanted).lower()
-        if key == "actor_rollout_ref.actor.strategy" and value in ("fsdp", "fsdp2"):
-            continue
         if key == "algorithm.adv_estimator" and value != "gae":
             continue
         if value != wanted:
