@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from siirl.params.sections import GROUP, installed_sections
-from siirl.plugins import install_hint
+from siirl.plugins import PROVIDED, install_hint
 
 # the dotted path a section mounts at -> its entry point in siirl.config. A spliced section
 # (siirl-engine's rollout knobs) adds keys to a group of core's, not a group of its own: its
@@ -43,6 +43,7 @@ def absent_section_problem(key: str, origin: str = "") -> Optional[str]:
     for path, name in MOUNTS.items():
         if (key == path or key.startswith(path + ".")) and name not in installed_sections():
             where = f" in {origin}" if origin else ""
-            return (f"'{key}'{where} is a key of the {name} config section ({path}), whose "
-                    f"package is not installed: {install_hint(GROUP, name)}")
+            package = PROVIDED[GROUP][name].partition("[")[0]
+            return (f"'{key}'{where} belongs to the config section at {path}, which "
+                    f"comes with {package}, not installed here: {install_hint(GROUP, name)}")
     return None
