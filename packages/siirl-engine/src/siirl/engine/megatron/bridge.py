@@ -312,7 +312,8 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
 
     TP shards are all-gathered over ``tp_group`` (default: megatron's TP group) one megatron
     parameter at a time, so at most one bucket of full tensors exists besides the sharded
-    model. Collective: every rank of the TP group must iterate in step. Tensors of the
+    model; with expert parallelism each expert slice is also all-gathered over the EP group.
+    Collective: every rank of the TP (and EP) group must iterate in step. Tensors of the
     current bucket are fresh copies; consume (or copy) them before asking for the next one.
     """
     import torch.distributed as dist
