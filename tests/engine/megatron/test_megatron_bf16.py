@@ -260,10 +260,8 @@ def test_bf16_tensor_parallel_2_on_two_cpu_workers(tmp_path):
     ("vllm", "auto", torch.bfloat16, torch.bfloat16),
 ])
 def test_weight_sync_sends_the_rollouts_dtype(name, rollout_dtype, trained, sent):
-    from types import SimpleNamespace
-
     from siirl.engine.megatron.mixed_precision import rollout_weight_dtype
+    from siirl.params.typed import to_typed
 
-    rollout = SimpleNamespace(name=name, dtype=rollout_dtype)
-    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout))
+    cfg = to_typed({"actor_rollout_ref": {"rollout": {"name": name, "dtype": rollout_dtype}}})
     assert rollout_weight_dtype(cfg, trained) == sent

@@ -6,6 +6,7 @@ rollout samples with the actor's own module is what the installed sections decla
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from siirl.params.key_paths import value_at
@@ -79,14 +80,18 @@ def cpu_run(config: Any, key: str) -> bool:
     return str(get(config, "trainer.device", "auto")).lower() == "cpu"
 
 
-def clip_ratio_alone(config: Any, key: str) -> bool:
+def clip_ratio_alone(defaults: Any) -> Condition:
     """``key`` (actor.clip_ratio) is set away from its default while clip_ratio_low and
-    clip_ratio_high keep theirs: the PPO loss clips at those two only (verl's as well)."""
-    from siirl.params.key_support import leaf_defaults
+    clip_ratio_high keep theirs: the PPO loss clips at those two only (verl's as well).
+    ``defaults``: the actor's dataclass (its field defaults are the defaults)."""
+    default = {f.name: f.default for f in dataclasses.fields(defaults)}
 
-    defaults = leaf_defaults()
-    return get(config, key) != defaults[key] and all(
-        get(config, f"{key}_{side}") == defaults[f"{key}_{side}"] for side in ("low", "high"))
+    def alone(config: Any, key: str) -> bool:
+        name = key.rsplit(".", 1)[-1]
+        return get(config, key) != default[name] and all(
+            get(config, f"{key}_{side}") == default[f"{name}_{side}"] for side in ("low", "high"))
+
+    return alone
 
 
 def remove_padding_off(model_key: str) -> Condition:

@@ -29,6 +29,7 @@ from siirl.params.key_conditions import (
     remove_padding_off,
 )
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
+from siirl.params.model_args import ActorArguments
 from siirl.params.reward_key_rules import REWARD_RULES
 from siirl.params.sections import actor_module_rollout, section_rules
 
@@ -122,7 +123,8 @@ RULES: Tuple[Rule, ...] = (
     notice(f"{ACTOR}.clip_ratio", "no effect: set clip_ratio_low/high",
            "the PPO loss clips the ratio at 1 - clip_ratio_low and 1 + clip_ratio_high (both "
            "0.2 by default), as verl's does, so clip_ratio alone changes nothing: set "
-           f"{ACTOR}.clip_ratio_low and {ACTOR}.clip_ratio_high instead.", clip_ratio_alone),
+           f"{ACTOR}.clip_ratio_low and {ACTOR}.clip_ratio_high instead.",
+           clip_ratio_alone(ActorArguments)),
     # -- actor / reference / critic batching
     notice((f"{ACTOR}.ppo_micro_batch_size", f"{REF}.log_prob_micro_batch_size",
             f"{ROLLOUT}.log_prob_micro_batch_size", "critic.ppo_micro_batch_size",

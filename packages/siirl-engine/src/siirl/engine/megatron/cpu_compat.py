@@ -33,70 +33,16 @@ from megatron.core.tensor_parallel.random import (
     CudaRNGStatesTracker,
 )
 
+from siirl.engine.megatron.cpu_torch import CPU_TORCH, CPU_TORCH_NO_CUDA_DEVICE
+
 __all__ = ["CpuRNGStatesTracker", "enable_cpu_mode", "cpu_mode_enabled"]
 
 _ENABLED = False
 
 
-class _CpuCuda:
-    """Stands in for ``torch.cuda`` inside one megatron module: every attribute is the real
-    one except ``current_device()``, which names the CPU, and ``synchronize()``, a no-op
-    (CPU copies are synchronous: there is no stream to wait for)."""
-
-    def __getattr__(self, name):
-        return getattr(torch.cuda, name)
-
-    @staticmethod
-    def current_device() -> torch.device:
-        return torch.device("cpu")
-
-    @staticmethod
-    def synchronize(device=None) -> None:
-        return None
-
-
-class _CpuTorch:
-    """Stands in for the ``torch`` module inside one megatron module (see _CURRENT_DEVICE_USERS):
-    everything is the real torch (``torch.Tensor`` is the same class, so ``isinstance`` checks
-    hold) except ``torch.cuda.current_device()``."""
-
-    cuda = _CpuCuda()
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-_CPU_TORCH = _CpuTorch()
-
-
-def _cpu_factory(name: str):
-    factory = getattr(torch, name)
-
-    def make(*args, device=None, **kwargs):
-        if device is not None and torch.device(device).type == "cuda":
-            device = "cpu"
-        return factory(*args, device=device, **kwargs)
-
-    make.__name__ = name
-    return make
-
-
-class _CpuTorchNoCudaDevice(_CpuTorch):
-    """_CpuTorch whose tensor factories also turn an explicit ``device="cuda"`` into the CPU
-    (for the modules in _CUDA_STRING_USERS): the same tensor, allocated where every other
-    tensor of the CPU run lives."""
-
-    zeros = staticmethod(_cpu_factory("zeros"))
-    ones = staticmethod(_cpu_factory("ones"))
-    empty = staticmethod(_cpu_factory("empty"))
-    tensor = staticmethod(_cpu_factory("tensor"))
-
-
-_CPU_TORCH_NO_CUDA_DEVICE = _CpuTorchNoCudaDevice()
-
 # Modules whose functions on the CPU path allocate with ``device=torch.cuda.current_device()``
 # (which raises "Torch not compiled with CUDA enabled"). Inside them ``torch`` is rebound to
-# _CPU_TORCH, so those allocations land on the CPU, where every input tensor already lives:
+# CPU_TORCH, so those allocations land on the CPU, where every input tensor already lives:
 # the functions then compute exactly what they compute on a GPU, on the CPU.
 _CURRENT_DEVICE_USERS = {
     # RotaryEmbedding.get_emb moves ``inv_freq`` "to the GPU once" on every forward.
@@ -135,7 +81,7 @@ _CURRENT_DEVICE_USERS = {
 }
 
 # Modules that allocate with the literal ``device="cuda"``; inside them ``torch`` is rebound to
-# _CPU_TORCH_NO_CUDA_DEVICE, whose tensor factories map that device to the CPU.
+# CPU_TORCH_NO_CUDA_DEVICE, whose tensor factories map that device to the CPU.
 _CUDA_STRING_USERS = {
     # forward_backward_no_pipelining / forward_backward_pipelining_{with,without}_interleaving
     # start their token counter as ``torch.zeros([], dtype=torch.int, device="cuda")``; it is
@@ -370,9 +316,9 @@ def enable_cpu_mode(force: bool = False) -> bool:
     if torch.cuda.is_available() and not force:
         return False
     for module_name in _CURRENT_DEVICE_USERS:
-        importlib.import_module(module_name).torch = _CPU_TORCH
+        importlib.import_module(module_name).torch = CPU_TORCH
     for module_name in _CUDA_STRING_USERS:
-        importlib.import_module(module_name).torch = _CPU_TORCH_NO_CUDA_DEVICE
+        importlib.import_module(module_name).torch = CPU_TORCH_NO_CUDA_DEVICE
     softmax = importlib.import_module("megatron.core.fusions.fused_softmax")
     softmax.get_default_causal_mask = _cpu_default_causal_mask
     softmax.get_sliding_window_causal_mask = _cpu_sliding_window_causal_mask

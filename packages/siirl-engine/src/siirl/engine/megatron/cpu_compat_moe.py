@@ -28,7 +28,7 @@ import importlib
 
 import torch
 
-from siirl.engine.megatron.cpu_compat import _CPU_TORCH, _CPU_TORCH_NO_CUDA_DEVICE, _CpuCuda
+from siirl.engine.megatron.cpu_torch import CPU_TORCH, CPU_TORCH_NO_CUDA_DEVICE, CpuCuda
 
 
 class _HostStream:
@@ -50,8 +50,8 @@ class _HostStream:
 _HOST_STREAM = _HostStream()
 
 
-class _StreamlessCuda(_CpuCuda):
-    """_CpuCuda whose streams are the single host stream (see module doc)."""
+class _StreamlessCuda(CpuCuda):
+    """CpuCuda whose streams are the single host stream (see module doc)."""
 
     @staticmethod
     def Stream(*args, **kwargs) -> _HostStream:  # noqa: N802 (torch.cuda.Stream's name)
@@ -85,9 +85,9 @@ def _host_splits(tensor, as_numpy: bool = False, record_stream: bool = False):
 
 # megatron module -> the torch stand-in it sees (why: module doc)
 _MOE_MODULES = {
-    "megatron.core.transformer.moe.router": _CPU_TORCH,
-    "megatron.core.transformer.moe.experts": _CPU_TORCH,
-    "megatron.core.transformer.moe.moe_utils": _CPU_TORCH_NO_CUDA_DEVICE,
+    "megatron.core.transformer.moe.router": CPU_TORCH,
+    "megatron.core.transformer.moe.experts": CPU_TORCH,
+    "megatron.core.transformer.moe.moe_utils": CPU_TORCH_NO_CUDA_DEVICE,
     "megatron.core.transformer.moe.token_dispatcher": _StreamlessTorch(),
 }
 

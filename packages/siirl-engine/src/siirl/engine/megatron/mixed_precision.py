@@ -14,8 +14,10 @@ from typing import Any, Optional
 
 import torch
 
+from siirl.engine.common.rollout_dtype import engine_dtype
 from siirl.engine.megatron.config import FP16_REFUSED
 from siirl.errors import ConfigError
+from siirl.params.sections import own_engine_rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -68,10 +70,7 @@ def rollout_weight_dtype(cfg: Any, trained: torch.dtype) -> torch.dtype:
     """The dtype the weight sync sends to the rollout: a server rollout's ``rollout.dtype``
     (vLLM / SGLang load into a model of that dtype), else (the ``hf`` rollout, which copies
     into its own module, or ``dtype=auto``) the dtype the weights are trained in."""
-    rollout = cfg.actor_rollout_ref.rollout
-    if str(rollout.name) == "hf":
+    if not own_engine_rollout(cfg):
         return trained
-    from siirl.engine.rollout.vllm_engine import engine_dtype
-
-    name = engine_dtype(rollout)
+    name = engine_dtype(cfg.actor_rollout_ref.rollout)
     return trained if name == "auto" else getattr(torch, name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Tuple
 
+from siirl.engine.common.rollout_dtype import engine_dtype  # noqa: F401  (the rollouts')
 from siirl.engine.models.loader import resolve_model_path
 from siirl.engine.rollout.settings import (  # noqa: F401  (server_mode: the rollouts')
     DUMMY_FORMATS,
@@ -27,11 +28,6 @@ INSTALL_HINT = ("install vLLM with `pip install \"siirl-engine[vllm]\"` (CUDA) o
                 "checkout")
 # vLLM's CPU attention kernel refuses smaller heads (the built-in tiny-arith has 16)
 CPU_MIN_HEAD_DIM = 32
-_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
-           "float16": "float16", "half": "float16", "fp32": "float32", "float32": "float32",
-           "float": "float32", "auto": "auto"}
-
-
 def start_engine(kwargs: Dict[str, Any], model_path: Any) -> Any:
     """``vllm.LLM(**kwargs)``; a failure becomes one message naming the model."""
     vllm = import_vllm()
@@ -119,15 +115,6 @@ def kv_cache_bytes(hf_config: Any, tokens: int, dtype_bytes: int) -> int:
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes * tokens
-
-
-def engine_dtype(rollout: Any) -> str:
-    """``rollout.dtype`` as the engines name it (bfloat16, float16, float32, auto)."""
-    dtype = _DTYPES.get(str(rollout.dtype).lower())
-    if dtype is None:
-        raise ConfigError(f"{ROLLOUT}.dtype={rollout.dtype!r} is not supported; use one of "
-                          f"{', '.join(sorted(set(_DTYPES)))}")
-    return dtype
 
 
 def max_model_len(cfg: Any, hf_config: Any) -> int:
