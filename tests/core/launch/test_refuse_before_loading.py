@@ -41,6 +41,12 @@ CONTEXTS = {
                  "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron"],
     # the megatron section's rules at the reference's mount (the actor's shadow them above)
     "megatron reference": ["actor_rollout_ref.ref.strategy=megatron"],
+    # a refusal of one value of a string key (the search below tries other strings only)
+    "megatron float16": ["actor_rollout_ref.actor.strategy=megatron",
+                         "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron",
+                         "actor_rollout_ref.actor.megatron.dtype=float16",
+                         "actor_rollout_ref.ref.megatron.dtype=float16",
+                         "critic.megatron.dtype=float16"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],
