@@ -1,0 +1,383 @@
+"""LoRA adapters on a megatron GPT stage (``actor_rollout_ref.model.lora_rank > 0`` under
+``strategy=megatron``), named and scaled as peft names and scales them on the HF model.
+
+Each adapted megatron linear gets one adapter per HF projection it fuses (``linear_qkv``:
+q/k/v_proj; ``linear_fc1``: gate/up_proj; ``linear_proj``: o_proj; ``linear_fc2``:
+down_proj); its output gains ``scaling * B @ A @ x`` (``scaling = lora_alpha / rank``, peft's)
+through a forward hook, so the base module, its state-dict keys and the bridge are unchanged.
+Split over tensor parallelism like the base weight:
+
+* column-parallel (qkv, fc1): ``A`` replicated, ``B`` split on the output dim as the bridge
+  splits the HF weight; ``A @ x`` goes through megatron's copy-to-TP region so ``A``'s
+  gradient is summed over the output shards;
+* row-parallel (proj, fc2): ``A`` split on the input dim, ``B`` replicated; the partial
+  ``A @ x`` is all-reduced over TP before ``B``.
+
+The base weights are frozen (only the adapters reach the optimizer). The adapters start as
+peft's (``A`` kaiming-uniform from a generator seeded with ``seed``, ``B`` zero), so at
+init the model is the base model. :func:`merged_state` gives the stage's weights with the
+adapters merged (``W + s * B @ A``, what the rollout gets through the bridge);
+:func:`adapters_disabled` runs the base model (the reference policy); :func:`adapter_state`
+/ :func:`load_adapter_state` read and write the adapters as peft's
+``adapter_model.safetensors`` keys of the HF model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from siirl.errors import ConfigError
+
+_KEY = "actor_rollout_ref.model"
+# megatron module -> (HF module dir, the HF projections it fuses, how it is TP-split)
+FUSED = {
+    "self_attention.linear_qkv": ("self_attn", ("q_proj", "k_proj", "v_proj"), "column"),
+    "self_attention.linear_proj": ("self_attn", ("o_proj",), "row"),
+    "mlp.linear_fc1": ("mlp", ("gate_proj", "up_proj"), "column"),
+    "mlp.linear_fc2": ("mlp", ("down_proj",), "row"),
+}
+ALL_LINEAR = tuple(name for _, names, _ in FUSED.values() for name in names)
+
+
+def target_projections(target_modules: Any) -> Tuple[str, ...]:
+    """The HF projections ``target_modules`` selects (peft's names or ``all-linear``)."""
+    if target_modules is None or (isinstance(target_modules, str)
+                                  and target_modules == "all-linear"):
+        return ALL_LINEAR
+    names = [target_modules] if isinstance(target_modules, str) else [str(t) for t in
+                                                                      target_modules]
+    if "all-linear" in names:
+        return ALL_LINEAR
+    unknown = sorted(set(names) - set(ALL_LINEAR))
+    if unknown:
+        raise ConfigError(f"{_KEY}.target_modules={names}: {unknown} name no linear layer the "
+                          f"megatron LoRA adapts; use peft's names {list(ALL_LINEAR)} or "
+                          "all-linear")
+    return tuple(n for n in ALL_LINEAR if n in names)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int
+    alpha: float
+    targets: Tuple[str, ...]
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank  # peft's default (no rsLoRA)
+
+
+def settings_of(model_cfg: Any) -> LoraSettings:
+    """``actor_rollout_ref.model``'s LoRA keys; what megatron's LoRA cannot honour refused."""
+    if getattr(model_cfg, "exclude_modules", None):
+        raise ConfigError(f"{_KEY}.exclude_modules is not applied by the megatron LoRA "
+                          f"(it adapts whole projection kinds): select them with "
+                          f"{_KEY}.target_modules and leave exclude_modules null")
+    return LoraSettings(int(model_cfg.lora_rank), float(model_cfg.lora_alpha),
+                        target_projections(getattr(model_cfg, "target_modules", None)))
+
+
+class LoraAdapters(torch.nn.Module):
+    """The adapters of one megatron linear: per HF projection ``name``, ``lora_A[name]``
+    and ``lora_B[name]`` (this TP rank's parts)."""
+
+    def __init__(self, kind: str, slices: Dict[str, Tuple[int, int]], scaling: float,
+                 qkv_groups: Optional[Tuple[int, int, int]] = None):
+        super().__init__()
+        self.kind, self.scaling, self.qkv_groups = kind, scaling, qkv_groups
+        self.out_sizes = {name: rows for name, (rows, _) in slices.items()}  # local rows
+        self.lora_A = torch.nn.ParameterDict()
+        self.lora_B = torch.nn.ParameterDict()
+        self.enabled = True
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """``scaling * B @ A @ x`` in the base layer's local output layout."""
+        from megatron.core.tensor_parallel import mappings
+
+        parts = []
+        for name in self.out_sizes:
+            if name not in self.lora_A:
+                parts.append(None)
+                continue
+            a, b = self.lora_A[name], self.lora_B[name]
+            hidden = x.to(a.dtype) @ a.t()
+            if self.kind == "column":  # backward: A's gradient summed over output shards
+                hidden = mappings.copy_to_tensor_model_parallel_region(hidden)
+            else:  # each rank holds some input columns: sum the partial products
+                hidden = mappings.reduce_from_tensor_model_parallel_region(hidden)
+            parts.append(hidden @ b.t() * self.scaling)
+        return self.fuse(parts, x.shape[:-1], x.dtype, x.device, dim=-1)
+
+    def fuse(self, parts: List[Optional[torch.Tensor]], lead: Sequence[int], dtype, device,
+             dim: int) -> torch.Tensor:
+        """The per-projection parts (None: not adapted, zero) in the fused local layout."""
+        if dim == 0:  # weights [out, in]: fuse along rows like activations' last dim
+            return self.fuse([None if p is None else p.t() for p in parts], lead, dtype,
+                             device, dim=-1).t()
+        parts = [p if p is not None else torch.zeros(*lead, rows, dtype=dtype, device=device)
+                 for p, rows in zip(parts, self.out_sizes.values(), strict=True)]
+        if self.qkv_groups is None:
+            return torch.cat(parts, dim=-1)
+        groups, per_group, head = self.qkv_groups  # local groups: [q of g; k_g; v_g]
+        q, k, v = parts
+        fused = torch.cat([q.reshape(*lead, groups, per_group * head),
+                           k.reshape(*lead, groups, head), v.reshape(*lead, groups, head)],
+                          dim=-1)
+        return fused.reshape(*lead, -1)
+
+    def weight_delta(self) -> torch.Tensor:
+        """``scaling * B @ A`` of this rank's part of the base weight (no communication)."""
+        a0 = next(iter(self.lora_A.values()))
+        parts = [None if n not in self.lora_A else
+                 (self.lora_B[n] @ self.lora_A[n]) * self.scaling for n in self.out_sizes]
+        return self.fuse(parts, (a0.shape[1],), a0.dtype, a0.device, dim=0)
+
+
+def _hook(module: torch.nn.Module, inputs: Tuple[Any, ...], output: Any) -> Any:
+    adapters = module.lora
+    if not adapters.enabled:
+        return output
+    out, bias = output if isinstance(output, tuple) else (output, None)
+    out = out + adapters.delta(inputs[0]).to(out.dtype)
+    return (out, bias) if isinstance(output, tuple) else out
+
+
+def _tp() -> Tuple[int, int]:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+
+def adapted_layers(model: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+    """megatron module name -> linear carrying adapters."""
+    from siirl.engine.megatron.model import unwrap_model
+
+    return {name: m for name, m in unwrap_model(model).named_modules()
+            if isinstance(getattr(m, "lora", None), LoraAdapters)}
+
+
+def has_adapters(model: torch.nn.Module) -> bool:
+    return bool(adapted_layers(model))
+
+
+def _check_layout(model: torch.nn.Module, hf_config) -> None:
+    from megatron.core import parallel_state as ps
+
+    from siirl.engine.megatron.moe import is_moe
+
+    config = model.config
+    problems = []
+    if is_moe(hf_config):
+        problems.append("mixture-of-experts layers (adapters on the experts are not built)")
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        problems.append("pipeline_model_parallel_size > 1 (adapters are gathered on one stage)")
+    if config.sequence_parallel:
+        problems.append("sequence_parallel=true (the adapters read unsplit sequences)")
+    if any(k.endswith("layer_norm_weight") for k in model.state_dict()):
+        problems.append("Transformer Engine's fused norm+linear layers")
+    if problems:
+        raise ConfigError(f"{_KEY}.lora_rank > 0 under strategy=megatron does not run with "
+                          f"{'; '.join(problems)}: use strategy=fsdp for LoRA there, or "
+                          "train all weights (lora_rank=0)")
+
+
+def hf_name(layer: int, hf_dir: str, proj: str, which: str) -> str:
+    """peft's ``adapter_model.safetensors`` key of an adapter on the HF model."""
+    return f"base_model.model.model.layers.{layer}.{hf_dir}.{proj}.lora_{which}.weight"
+
+
+def _slices(hf_config, proj: str) -> Tuple[int, int]:
+    """(out, in) of an HF projection."""
+    from siirl.engine.megatron.model import head_dim
+
+    hidden, ffn = hf_config.hidden_size, hf_config.intermediate_size
+    heads = hf_config.num_attention_heads
+    kv = hf_config.num_key_value_heads or heads
+    dim = head_dim(hf_config)
+    return {"q_proj": (heads * dim, hidden), "k_proj": (kv * dim, hidden),
+            "v_proj": (kv * dim, hidden), "o_proj": (hidden, heads * dim),
+            "gate_proj": (ffn, hidden), "up_proj": (ffn, hidden),
+            "down_proj": (hidden, ffn)}[proj]
+
+
+def add_adapters(model: torch.nn.Module, hf_config, settings: LoraSettings,
+                 seed: int = 0) -> None:
+    """Freeze ``model`` (weights already loaded) and give its targeted linears adapters;
+    every rank draws the full ``A`` of each HF projection in the same order from a
+    generator seeded with ``seed`` and keeps its TP part."""
+    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+    from siirl.engine.megatron.bridge import layer_range
+    from siirl.engine.megatron.model import head_dim, unwrap_model
+
+    gpt = unwrap_model(model)
+    _check_layout(gpt, hf_config)
+    gpt.requires_grad_(False)
+    tp_rank, tp = _tp()
+    generator = torch.Generator().manual_seed(int(seed))
+    layers = layer_range(hf_config.num_hidden_layers, 0, 1)
+    for local, layer in enumerate(layers):
+        for suffix, (_, projections, kind) in FUSED.items():
+            chosen = [p for p in projections if p in settings.targets]
+            if not chosen:
+                continue
+            linear = gpt.get_submodule(f"decoder.layers.{local}.{suffix}")
+            weight = linear.weight
+            groups = None
+            if suffix.endswith("linear_qkv"):
+                kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
+                groups = (kv // tp, hf_config.num_attention_heads // kv, head_dim(hf_config))
+            slices = {p: (_slices(hf_config, p)[0] // (tp if kind == "column" else 1),
+                          _slices(hf_config, p)[1]) for p in projections}
+            adapters = LoraAdapters(kind, slices, settings.scaling, groups)
+            for proj in projections:
+                if proj not in chosen:
+                    continue
+                out, inp = _slices(hf_config, proj)
+                full_a = torch.empty(settings.rank, inp)
+                torch.nn.init.kaiming_uniform_(full_a, a=math.sqrt(5), generator=generator)
+                if kind == "row":
+                    a = full_a.chunk(tp, dim=1)[tp_rank]
+                    b = torch.zeros(out, settings.rank)
+                else:
+                    a, b = full_a, torch.zeros(out // tp, settings.rank)
+                a = torch.nn.Parameter(a.to(weight.device, weight.dtype).contiguous())
+                b = torch.nn.Parameter(b.to(weight.device, weight.dtype))
+                split, dim = (b, 0) if kind == "column" else (a, 1)
+                set_tensor_model_parallel_attributes(split, True, dim, 1)
+                adapters.lora_A[proj], adapters.lora_B[proj] = a, b
+            linear.lora = adapters
+            linear.lora_layer = layer  # the HF layer index the adapter names use
+            linear.lora_suffix = suffix
+            linear.register_forward_hook(_hook)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """The base model's forward (the reference policy) inside the block."""
+    layers = list(adapted_layers(model).values())
+    for linear in layers:
+        linear.lora.enabled = False
+    try:
+        yield
+    finally:
+        for linear in layers:
+            linear.lora.enabled = True
+
+
+@torch.no_grad()
+def merged_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The stage's state dict with ``W + s * B @ A`` in each adapted weight (this rank's
+    part; new tensors, the model is unchanged) and no adapter keys: what the bridge
+    converts to HF tensors for the rollout."""
+    from siirl.engine.megatron.model import unwrap_model
+
+    layers = adapted_layers(model)
+    state = {}
+    for key, value in unwrap_model(model).state_dict().items():
+        if ".lora." in key or not isinstance(value, torch.Tensor):
+            continue
+        owner = layers.get(key.removesuffix(".weight"))
+        if owner is not None and key.endswith(".weight"):
+            value = value + owner.lora.weight_delta().to(value.dtype)
+        state[key] = value
+    return state
+
+
+def _gather(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    from megatron.core import parallel_state as ps
+
+    _, tp = _tp()
+    if tp == 1:
+        return tensor.detach().clone()
+    parts = [torch.empty_like(tensor) for _ in range(tp)]
+    torch.distributed.all_gather(parts, tensor.detach().contiguous(),
+                                 group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=dim)
+
+
+def _pairs(model: torch.nn.Module) -> Iterator[Tuple[torch.nn.Module, str, str]]:
+    for linear in adapted_layers(model).values():
+        hf_dir, projections, _ = FUSED[linear.lora_suffix]
+        for proj in projections:
+            if proj in linear.lora.lora_A:
+                yield linear, hf_dir, proj
+
+
+@torch.no_grad()
+def adapter_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The full adapters keyed as peft's file keys on the HF model (collective over TP)."""
+    state = {}
+    for linear, hf_dir, proj in _pairs(model):
+        adapters = linear.lora
+        a, b = adapters.lora_A[proj], adapters.lora_B[proj]
+        if adapters.kind == "row":
+            a = _gather(a, 1)
+        else:
+            b = _gather(b, 0)
+        state[hf_name(linear.lora_layer, hf_dir, proj, "A")] = a.cpu()
+        state[hf_name(linear.lora_layer, hf_dir, proj, "B")] = b.detach().cpu().clone()
+    return state
+
+
+@torch.no_grad()
+def load_adapter_state(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
+    """Copy full (HF-keyed) adapters into this rank's parts; names and shapes are checked
+    first (a mismatch raises KeyError / ValueError naming the tensor)."""
+    tp_rank, tp = _tp()
+    copies = []
+    for linear, hf_dir, proj in _pairs(model):
+        adapters = linear.lora
+        for which, param in (("A", adapters.lora_A[proj]), ("B", adapters.lora_B[proj])):
+            key = hf_name(linear.lora_layer, hf_dir, proj, which)
+            if key not in state:
+                raise KeyError(f"{key} is missing")
+            full = state[key]
+            split = (adapters.kind, which) in (("row", "A"), ("column", "B"))
+            part = full.chunk(tp, dim=1 if which == "A" else 0)[tp_rank] if split else full
+            if tuple(part.shape) != tuple(param.shape):
+                raise ValueError(f"{key} is {list(full.shape)}, the model's part is "
+                                 f"{list(param.shape)} at TP={tp}")
+            copies.append((param, part))
+    unexpected = set(state) - {hf_name(lin.lora_layer, d, p, w) for lin, d, p in _pairs(model)
+                               for w in "AB"}
+    if unexpected:
+        raise KeyError(f"{len(unexpected)} unexpected tensor(s), e.g. {sorted(unexpected)[0]}")
+    for param, part in copies:
+        param.copy_(part.to(param.device, param.dtype))
+
+
+def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
+    """peft's ``LoraConfig`` equal to these adapters (for ``adapter_config.json``)."""
+    from siirl.engine.models.lora import import_peft
+
+    return import_peft().LoraConfig(
+        r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.targets),
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model)
+
+
+class MergedView(torch.nn.Module):
+    """A stand-in for the stage whose ``state_dict`` is :func:`merged_state`: what
+    ``bridge.iter_hf_weights`` reads to export the merged HF weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self._merged = merged_state(model)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Dict[str, torch.Tensor]:
+        return self._merged
+
+
+def iter_merged_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int,
+                           tp_group: Any = None) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+    """The merged model's full HF tensors in buckets (collective over TP; PP=1)."""
+    from siirl.engine.megatron.bridge import iter_hf_weights
+
+    yield from iter_hf_weights(MergedView(model), hf_config, bucket_bytes, tp_group=tp_group,
+                               pp_rank=0, pp_size=1)
