@@ -1,6 +1,6 @@
 """The ``megatron`` section of the megatron backend: its keys (verl's names and defaults),
 where it mounts, the key rules of its keys and of the role's keys a megatron role cannot
-honour (LoRA, packing, dynamic batches, Ulysses). Registered as ``siirl.config: megatron``;
+honour (LoRA, packing, Ulysses). Registered as ``siirl.config: megatron``;
 core mounts it (``siirl.params.sections``) and says, for a role on another strategy, that
 the section does not apply. Nothing heavy is imported here (megatron-core is not)."""
 
@@ -15,8 +15,7 @@ from siirl.params.sections import ConfigSection, Mount, size, workers, workers_t
 from siirl.params.value_rules import at_least, one_of
 from siirl.plugins import install_hint
 
-ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.ref", \
-    "actor_rollout_ref.rollout"
+ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
 _MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
                      "state stay on the GPU (on a GPU run strategy=fsdp offloads with "
                      "fsdp_config.param_offload; a CPU run has nothing to offload).")
@@ -31,8 +30,6 @@ _NO_PACKING = (
     "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
     "take padded micro-batches (megatron's own THD packing is not wired up); with "
     "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
-_NO_DYNAMIC_BSZ = ("dynamic (token-budget) batch sizes run on the fsdp strategy; Megatron's "
-                   "pipeline schedule needs micro-batches of equal rows.")
 _ULYSSES = "ulysses_sequence_parallel_size"
 FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
                 "multiplied before every backward, steps skipped on overflow), which the "
@@ -116,8 +113,6 @@ def _role_keys(mount: Mount) -> List[Rule]:
         return [
             refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
                     _NO_PACKING),
-            refused("critic.use_dynamic_bsz", "not with the megatron strategy yet",
-                    _NO_DYNAMIC_BSZ),
             refused(f"critic.{_ULYSSES}", "Ulysses runs on the fsdp strategy",
                     "Ulysses sequence parallelism splits sequences of the fsdp engines; a "
                     "megatron critic runs in the actor's megatron parallel state, whose "
@@ -132,10 +127,6 @@ def _role_keys(mount: Mount) -> List[Rule]:
         refused("actor_rollout_ref.model.use_remove_padding",
                 "packing runs on the fsdp strategy", _NO_PACKING),
     ]
-    if mount.role == "actor":
-        rules.append(refused((f"{ACTOR}.use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz",
-                              f"{ROLLOUT}.log_prob_use_dynamic_bsz"),
-                             "not with the megatron strategy yet", _NO_DYNAMIC_BSZ))
     # one rule for both roles' keys where both run on megatron (one line for both)
     ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \
         else (f"{REF}.{_ULYSSES}",)
@@ -177,11 +168,16 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                 _MEGATRON_OFFLOAD),
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
         *_expert_rules(prefix, role),
-        refused(f"{prefix}.use_dist_checkpointing", "models are built from HF weights",
-                "the megatron model is always built from the Hugging Face weights of the "
-                "model path; starting from a megatron dist checkpoint is not supported."),
+        refused(f"{prefix}.use_dist_checkpointing", "needs dist_checkpointing_path",
+                f"the weights are then read from the megatron distributed checkpoint at "
+                f"{prefix}.dist_checkpointing_path (written once by "
+                "tools/megatron_dist_checkpoint.py, or a siiRL megatron checkpoint): set it.",
+                lambda config, key: bool(get(config, key)) and not get(
+                    config, f"{prefix}.dist_checkpointing_path")),
         notice(f"{prefix}.dist_checkpointing_path", "no effect without use_dist_checkpointing",
-               "it only acts with use_dist_checkpointing=true, which this release refuses."),
+               "the weights are converted from the Hugging Face model path unless "
+               f"{prefix}.use_dist_checkpointing=true.",
+               lambda config, key: not get(config, f"{prefix}.use_dist_checkpointing")),
         refused(f"{prefix}.override_transformer_config", "overrides are not applied",
                 "the TransformerConfig is derived from the Hugging Face config; change that "
                 "through actor_rollout_ref.model.override_config instead."),

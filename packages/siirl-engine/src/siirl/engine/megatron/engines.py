@@ -26,6 +26,7 @@ from siirl.engine.common.config import run_seed, typed_config
 from siirl.engine.common.model_loading import load_policy
 from siirl.engine.common.optim import build_optimizer
 from siirl.engine.common.runtime import resolve_device
+from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, copy_into
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
 from siirl.engine.megatron.backend import MegatronBackend
@@ -42,6 +43,7 @@ from siirl.execution.dag.planner import reference_needed
 from siirl.params import SiiRLArguments
 
 logger = logging.getLogger(__name__)
+ACTOR_KEY = "actor_rollout_ref.actor.megatron"
 
 
 def _parallel_groups() -> Tuple[int, int, Any, Any]:
@@ -99,6 +101,22 @@ def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
     return params_dtype(megatron_section.dtype, key)
 
 
+def dist_checkpoint(section: Any, key: str) -> Optional[Tuple[str, Optional[str]]]:
+    """(key, path) of the megatron distributed checkpoint the role starts from, or None
+    (its weights then come from the Hugging Face model)."""
+    return (key, section.dist_checkpointing_path) if section.use_dist_checkpointing else None
+
+
+def _refresh_hf_copy(hf_model: torch.nn.Module, model: torch.nn.Module, tp_group: Any
+                     ) -> None:
+    """The HF copy (the rollout's, the reference's initial policy) takes the weights the
+    megatron model was loaded with from a distributed checkpoint (collective)."""
+    from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
+
+    copy_into(hf_model, iter_pipeline_hf_weights(model, hf_model.config, DEFAULT_BUCKET_BYTES,
+                                                 tp_group=tp_group))
+
+
 def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     """The policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
     cfg = typed_config(config)
@@ -107,7 +125,11 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     hf_model, tokenizer = load_policy(cfg)
     dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
                         "actor_rollout_ref.actor.megatron.dtype")
-    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype)
+    start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
+    model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype,
+                                 start)
+    if start is not None:
+        _refresh_hf_copy(hf_model, model, tp_group)
     optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
                               tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
@@ -126,9 +148,12 @@ def megatron_reference(config: Any, worker: Any = None,
     init_megatron(cfg, run_seed(cfg))  # one parallel state per process: the actor's sizes
     rank, dp, _, _ = _parallel_groups()
     hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
+    # its own checkpoint, else the actor's (the reference is the actor's initial policy)
+    start = dist_checkpoint(cfg.actor_rollout_ref.ref.megatron, "actor_rollout_ref.ref.megatron") \
+        or dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg),
                                  _role_dtype(cfg.actor_rollout_ref.ref.megatron,
-                                             "actor_rollout_ref.ref.megatron.dtype"))
+                                             "actor_rollout_ref.ref.megatron.dtype"), start)
     model.requires_grad_(False)
     model.eval()
     return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp),
@@ -143,7 +168,10 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     rank, dp, group, tp_group = _parallel_groups()
     lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
     dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype")
-    model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype)
+    # a distributed checkpoint (an LM's) gives the backbone; the value head starts from
+    # its seeded init as with HF weights
+    model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype,
+                                 dist_checkpoint(cfg.critic.megatron, "critic.megatron"))
     module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
     optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype)
     backend = MegatronBackend(

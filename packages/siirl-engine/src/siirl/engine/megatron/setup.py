@@ -9,7 +9,7 @@ and the critic share the actor's sizes.
 from __future__ import annotations
 
 import socket
-from typing import Dict
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -93,10 +93,14 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
                          sequence_parallel: bool = False,
-                         params_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+                         params_dtype: torch.dtype = torch.float32,
+                         dist_checkpoint: Optional[Tuple[str, Optional[str]]] = None
+                         ) -> torch.nn.Module:
     """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
     virtual pipeline stages: its chunks, as one ModelChunks module), its parameters and
-    compute in ``params_dtype`` (the HF weights are rounded to it on loading)."""
+    compute in ``params_dtype`` (the HF weights are rounded to it on loading). With
+    ``dist_checkpoint`` = (role's megatron key, path) the weights come from that megatron
+    distributed checkpoint instead (any layout; ``hf_model`` gives the architecture)."""
     from megatron.core import parallel_state as ps
 
     from siirl.engine.megatron.bridge import load_hf_weights
@@ -113,7 +117,10 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
         model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage(),
                                 sequence_parallel=sequence_parallel, params_dtype=params_dtype)
-        load_hf_weights(model, hf_model.state_dict(), hf_model.config)
+        if dist_checkpoint is None:
+            load_hf_weights(model, hf_model.state_dict(), hf_model.config)
+        else:
+            _load_dist_checkpoint(model, hf_model.config, dist_checkpoint)
         return model.to(device)
     if layers % (pp * vpp):
         raise ConfigError(f"{MEGATRON_KEY}: pipeline_model_parallel_size={pp} x "
@@ -126,8 +133,22 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
                         vp_stage=c, sequence_parallel=sequence_parallel,
                         params_dtype=params_dtype)
         for c in range(vpp)])
+    if dist_checkpoint is not None:
+        _load_dist_checkpoint(chunks, hf_model.config, dist_checkpoint)
+        return chunks.to(device)
     for c, chunk in enumerate(chunks):
         stage, stages = chunks.virtual_stage(c)
         load_hf_weights(chunk, hf_model.state_dict(), hf_model.config, pp_rank=stage,
                         pp_size=stages)
     return chunks.to(device)
+
+
+def _load_dist_checkpoint(model: torch.nn.Module, hf_config: Any,
+                          dist_checkpoint: Tuple[str, Optional[str]]) -> None:
+    from siirl.engine.megatron.chunks import model_chunks
+    from siirl.engine.megatron.dist_checkpoint import load_model
+
+    key, path = dist_checkpoint
+    load_model(model, path, key)
+    for chunk in model_chunks(model):  # what load_hf_weights records (logits' vocabulary)
+        chunk.hf_vocab_size = hf_config.vocab_size

@@ -1,0 +1,131 @@
+"""Starting a megatron model from a megatron-core distributed checkpoint
+(``<role>.megatron.use_dist_checkpointing``), on CPU over gloo.
+
+One 2-rank spawn writes a checkpoint of a tiny HF model at TP=1 (two data-parallel
+replicas) and loads it at TP=1, TP=2 and PP=2; writes one at TP=2 and loads it at PP=2 and
+TP=1. At every layout the loaded stage's weights equal, bit for bit, those the bridge builds
+from the HF weights at that layout (so the log-probs are the HF build's), and where one
+process runs the whole model (TP=1, TP=2) the log-probs are compared too: equal to the HF
+build's within 1e-6 and to transformers' within float32 rounding. Llama's vocabulary (101)
+is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths give an
+error naming the key and the path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from siirl_spawn import finish_rank, join_spawned
+
+pytest.importorskip("megatron.core")
+
+from test_megatron_bridge import (  # noqa: E402
+    assert_logprobs_close,
+    free_port,
+    init_megatron,
+    left_padded_batch,
+    tiny_hf_model,
+)
+
+from siirl.errors import ConfigError  # noqa: E402
+
+KEY = "actor_rollout_ref.actor.megatron"
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
+              pytest.mark.filterwarnings("ignore:Apex is not installed:UserWarning")]
+
+
+def _build(hf, path=None):
+    from siirl.engine.megatron.setup import build_megatron_model
+
+    start = None if path is None else (KEY, path)
+    return build_megatron_model(hf, torch.device("cpu"), dist_checkpoint=start).eval()
+
+
+def _assert_same_weights(loaded, built, layout: str) -> None:
+    want = {k: v for k, v in built.state_dict().items() if isinstance(v, torch.Tensor)
+            and not k.endswith("_extra_state")}
+    got = {k: v for k, v in loaded.state_dict().items() if k in want}
+    assert got.keys() == want.keys(), layout
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), f"{layout}: {name} differs"
+
+
+def _assert_same_logprobs(loaded, built, hf, layout: str) -> None:
+    from siirl.engine.megatron.model import forward_logits
+
+    input_ids, attention_mask, position_ids = left_padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        got = forward_logits(loaded, input_ids, position_ids, attention_mask)
+        want = forward_logits(built, input_ids, position_ids, attention_mask)
+        ref = hf(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids).logits
+    diff = (got.log_softmax(-1) - want.log_softmax(-1))[attention_mask.bool()].abs().max()
+    assert diff <= 1e-6, f"{layout}: log-probs differ from the HF build's by {diff}"
+    assert_logprobs_close(got, ref, attention_mask, hf.config, layout)
+
+
+def _at(tp: int, pp: int, hf, path: str, save_to: str | None = None) -> None:
+    """Load ``path`` at TP x PP and compare with the HF build there; optionally save it."""
+    from megatron.core import parallel_state
+
+    from siirl.engine.megatron.dist_checkpoint import save_model
+
+    init_megatron(tp=tp, pp=pp)
+    built, loaded = _build(hf), _build(hf, path)
+    layout = f"{os.path.basename(path)} loaded at TP={tp} PP={pp}"
+    _assert_same_weights(loaded, built, layout)
+    if pp == 1:
+        _assert_same_logprobs(loaded, built, hf, layout)
+    if save_to is not None:
+        save_model(loaded, save_to)
+    parallel_state.destroy_model_parallel()
+
+
+def rank_main(rank: int, world_size: int, port: int, root: str) -> None:
+    import datetime
+    import warnings
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from siirl.engine.megatron.dist_checkpoint import save_model
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    for family in ("llama", "qwen2"):  # untied head; tied embeddings (PP=2: a copy)
+        hf = tiny_hf_model(family, num_layers=4)
+        tp1, tp2 = os.path.join(root, f"{family}_tp1"), os.path.join(root, f"{family}_tp2")
+        init_megatron(tp=1, pp=1)
+        save_model(_build(hf), tp1)  # what tools/megatron_dist_checkpoint.py writes
+        parallel_state.destroy_model_parallel()
+        _at(1, 1, hf, tp1)
+        _at(2, 1, hf, tp1, save_to=tp2)
+        _at(1, 2, hf, tp1)
+        _at(1, 2, hf, tp2)
+        _at(1, 1, hf, tp2)
+    finish_rank()
+
+
+def test_dist_checkpoint_loads_at_any_layout_like_the_hf_build(tmp_path):
+    context = mp.start_processes(rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    join_spawned(context, "the 2-rank megatron dist-checkpoint run")
+
+
+@pytest.mark.parametrize("path,said", [(None, "needs"), ("/nonexistent/mcore", "does not exist"),
+                                       ("EMPTY", "holds no megatron distributed checkpoint")])
+def test_a_bad_path_names_the_key_and_the_path(path, said, tmp_path):
+    from siirl.engine.megatron.dist_checkpoint import checkpoint_dir
+
+    path = str(tmp_path) if path == "EMPTY" else path
+    with pytest.raises(ConfigError) as err:
+        checkpoint_dir(path, KEY)
+    assert said in str(err.value) and f"{KEY}.dist_checkpointing_path" in str(err.value)
+    if path is not None:
+        assert repr(path) in str(err.value)
