@@ -164,10 +164,10 @@ def test_defaults_and_presets_pass_without_notices(capsys):
 
 def test_a_key_that_follows_another_by_interpolation_is_not_named():
     with pytest.raises(ConfigError) as info:
-        parse_config(MEGATRON + ["actor_rollout_ref.actor.use_dynamic_bsz=true"])
+        parse_config(MEGATRON + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     message = str(info.value)
-    assert "actor_rollout_ref.actor.use_dynamic_bsz" in message
-    assert "critic.use_dynamic_bsz" not in message and "log_prob_use_dynamic_bsz" not in message
+    assert "actor_rollout_ref.actor.ulysses_sequence_parallel_size" in message
+    assert "ref.ulysses_sequence_parallel_size" not in message
 
 
 def test_a_key_set_to_its_default_is_fine(capsys):
@@ -185,7 +185,8 @@ def test_a_key_set_to_its_default_is_fine(capsys):
     (["algorithm.filter_groups.enable=true", "algorithm.workflow_type=AGENTIC"], False),
     (["data.gen_batch_size=48"], False),  # read by dynamic sampling only
     (["actor_rollout_ref.actor.use_dynamic_bsz=true"], True),  # fsdp: token budgets
-    (MEGATRON + ["actor_rollout_ref.actor.use_dynamic_bsz=true"], False),
+    (MEGATRON + ["actor_rollout_ref.actor.use_dynamic_bsz=true"], True),  # megatron too
+    (MEGATRON + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], False),
     (["data.gen_batch_size=48", "algorithm.filter_groups.enable=true"], True),
     (MEGATRON + ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                  "critic.megatron.tensor_model_parallel_size=2"], True),  # same as actor's

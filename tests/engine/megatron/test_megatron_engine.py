@@ -157,6 +157,21 @@ def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_
     assert "optimizer starts fresh" in proc.stderr
 
 
+DYNAMIC = ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=64",
+           "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=64",
+           "critic.ppo_max_token_len_per_gpu=64", "critic.forward_max_token_len_per_gpu=64"]
+
+
+def test_dynamic_batch_size_trains_like_fixed_micro_batches(tmp_path, fsdp_ppo_run):
+    """use_dynamic_bsz on actor, old/reference log-probs and critic (critic.use_dynamic_bsz
+    follows the actor's): micro-batches cut by 64-token budgets, of different rows, through
+    megatron's schedule; PPO equals the fixed-micro-batch fsdp run's."""
+    train(tmp_path, *PPO, *MEGATRON, "critic.strategy=megatron", *DYNAMIC)
+    assert_close_steps(steps(tmp_path), fsdp_ppo_run, PPO_KEYS)
+
+
 @pytest.mark.parametrize("layout", [
     ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",

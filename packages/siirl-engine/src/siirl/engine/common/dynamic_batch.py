@@ -27,14 +27,14 @@ Micro = Union[int, Plan]  # rows per micro-batch, or an explicit plan
 
 
 def check_backend(backend: Any, *budgets: Optional[TokenBudget]) -> None:
-    """A backend that cannot run token plans (Megatron's pipeline schedule needs
-    equal micro-batches) refuses dynamic batch size at start."""
+    """A backend that cannot run token plans (micro-batches of different rows; the fsdp
+    and megatron backends can) refuses dynamic batch size at start."""
     used = [b.key for b in budgets if b is not None]
     if used and not getattr(backend, "token_plans", False):
         raise ConfigError(f"dynamic batch size ({', '.join(used)}, use_dynamic_bsz=true) is "
-                          f"not supported by the {type(backend).__name__} yet (its pipeline "
-                          "schedule needs micro-batches of equal rows); set use_dynamic_bsz="
-                          "false or use the fsdp strategy")
+                          f"not supported by the {type(backend).__name__} (it runs micro-"
+                          "batches of equal rows only); set use_dynamic_bsz=false or use the "
+                          "fsdp or megatron strategy")
 
 
 def token_plan(data: Any, limit: TokenBudget, dp_group: Any = None, dp_size: int = 1) -> Plan:

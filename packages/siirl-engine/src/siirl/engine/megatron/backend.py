@@ -12,13 +12,14 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import torch
 
 from siirl.data_coordinator.fields import RESPONSES
-from siirl.data_coordinator.protocol import split
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss
 from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
+from siirl.engine.common.dynamic_batch import Micro, micro_batches
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
-from siirl.engine.megatron import checkpointing
+from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
+from siirl.engine.megatron.lora import iter_merged_hf_weights
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.pipeline import run_pipeline
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
@@ -31,6 +32,7 @@ class MegatronBackend:
     ``schedule_model`` is the GPT stage the schedule runs (default: ``module``)."""
 
     sharded = False  # megatron shards by tensor/pipeline parallelism, not FSDP
+    token_plans = True  # micro-batches may be cut by tokens (dynamic batch size)
 
     def __init__(self, module: torch.nn.Module, optimizer: Any = None, *,
                  schedule_model: Optional[torch.nn.Module] = None, dp_rank: int = 0,
@@ -38,7 +40,8 @@ class MegatronBackend:
                  grad_clip: Any = 1.0, grad_sync: Optional[Callable[[], None]] = None,
                  replicated: Optional[Dict[str, torch.nn.Module]] = None,
                  hf_module: Optional[torch.nn.Module] = None,
-                 export_dtype: Optional[torch.dtype] = None):
+                 export_dtype: Optional[torch.dtype] = None, lora: Any = None,
+                 merge_on_export: bool = False):
         self.module, self.optimizer = module, optimizer
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
@@ -50,6 +53,9 @@ class MegatronBackend:
         self.hf_module = hf_module
         # the dtype the weight sync sends (the rollout's; None: as trained)
         self.export_dtype = export_dtype
+        # LoRA (siirl.engine.megatron.lora settings): checkpoints and the HF export hold the
+        # adapters only (``merge_on_export``: the merged model too); the rollout gets W + sBA
+        self.lora, self.merge_on_export = lora, merge_on_export
         self.stages = PipelineStages(sequence_multiple(model_chunks(self.schedule_model)[0]
                                                        .config))
 
@@ -59,26 +65,34 @@ class MegatronBackend:
 
     # ---- training verbs ------------------------------------------------------------
 
-    def forward_backward_batch(self, data: Any, micro_rows: int, head: Head,
+    def forward_backward_batch(self, data: Any, micro: Micro, head: Head,
                                loss_fn: Optional[MicroLoss] = None,
                                forward_only: bool = False) -> Optional[Dict[str, torch.Tensor]]:
+        """``micro``: rows per micro-batch, or a token plan (dynamic batch size: its
+        micro-batches have different rows, which megatron's schedule passes between
+        pipeline stages with ``variable_seq_lengths``)."""
         device = self.device
-        schedule = self.stages.micro_batches(data, micro_rows, device)
+        parts, restore = micro_batches(data, micro)
+        if isinstance(micro, int):
+            schedule = self.stages.micro_batches(data, micro, device)
+        else:
+            schedule = [self.stages.schedule_dict(part, device) for part in parts]
         if forward_only:
             outputs = run_pipeline(self.schedule_model, schedule, head.fn, forward_only=True)
             rows = data.batch_size[0]
             shape = (rows, data[RESPONSES].shape[-1])
             result = {}
             for name in head.outputs:
-                value = (torch.cat([o[name] for o in outputs])[:rows].float()
-                         if self.stages.is_last else None)
+                value = None
+                if self.stages.is_last:  # filler rows (PP > 1) dropped, plan order undone
+                    value = torch.cat([o[name] for o in outputs])[:rows].float()
+                    value = value if restore is None else value[restore]
                 result[name] = self.stages.broadcast_rows(value, shape, device).cpu()
             return result
-        micro_batches = split(data, micro_rows)  # equal sizes: micro divides the mini-batch
 
         def step_loss(index: int, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
-            return loss_fn(micro_batches[index], {name: value.float() for name, value in
-                                                  outputs.items() if value is not None})
+            return loss_fn(parts[index], {name: value.float() for name, value in
+                                          outputs.items() if value is not None})
 
         run_pipeline(self.schedule_model, schedule, head.fn, step_loss)
         return None
@@ -102,10 +116,14 @@ class MegatronBackend:
 
     def save_checkpoint(self, directory: str, extra: Dict[str, Any],
                         contents: Tuple[str, ...]) -> None:
+        if self.lora is not None:
+            return lora_checkpoint.save_checkpoint(directory, self, extra, contents)
         checkpointing.save_checkpoint(directory, self.schedule_model, self.optimizer, extra,
                                       contents, self.dp_rank, self.replicated)
 
     def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
+        if self.lora is not None:
+            return lora_checkpoint.load_checkpoint(directory, self, contents)
         return checkpointing.load_checkpoint(directory, self.schedule_model, self.optimizer,
                                              contents, self.replicated)
 
@@ -114,7 +132,9 @@ class MegatronBackend:
         over the tensor- and pipeline-parallel groups), in ``export_dtype``."""
         buckets = iter_pipeline_hf_weights(self.schedule_model, self.hf_module.config,
                                            bucket_bytes,
-                                           tp_group=self.tp_group, stages=self.stages)
+                                           tp_group=self.tp_group, stages=self.stages) \
+            if self.lora is None else iter_merged_hf_weights(
+                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group)
         dtype = self.export_dtype
         for bucket in buckets:
             yield bucket if dtype is None else [(name, tensor.to(dtype))
@@ -122,7 +142,9 @@ class MegatronBackend:
 
     def export_hf(self, directory: str, tokenizer: Any) -> None:
         """The HF copy refreshed from the megatron weights (collective), saved as a
-        transformers directory by global rank 0."""
+        transformers directory by global rank 0 (LoRA: lora_checkpoint.export_hf)."""
+        if self.lora is not None:
+            return lora_checkpoint.export_hf(directory, self, tokenizer, self.merge_on_export)
         copy_into(self.hf_module, self.export_weights(DEFAULT_BUCKET_BYTES))
         if torch.distributed.get_rank() == 0:
             ckpt.save_pretrained_dir(directory, self.hf_module, self.hf_module.state_dict(),

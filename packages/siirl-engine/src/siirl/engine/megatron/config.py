@@ -7,7 +7,7 @@ the section does not apply. Nothing heavy is imported here (megatron-core is not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
@@ -31,6 +31,7 @@ _NO_PACKING = (
     "take padded micro-batches (megatron's own THD packing is not wired up); with "
     "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
 _ULYSSES = "ulysses_sequence_parallel_size"
+_LORA_RANK = "actor_rollout_ref.model.lora_rank"
 FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
                 "multiplied before every backward, steps skipped on overflow), which the "
                 "megatron engines do not wire up; bfloat16 has float32's exponent range and "
@@ -107,6 +108,34 @@ def _own_role_on_megatron(config: Any, key: str) -> bool:
     return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
 
 
+def _lora_refused(role: str) -> Callable[[Any, str], bool]:
+    """LoRA where the megatron LoRA cannot run: a megatron reference of a non-megatron
+    actor (it is the actor's stage with adapters off), a megatron actor with pipeline
+    stages or sequence parallelism (siirl.engine.megatron.lora also refuses experts and
+    Transformer Engine's fused layers when the model is built)."""
+
+    def when(config: Any, key: str) -> bool:
+        if not int(get(config, key) or 0) > 0:
+            return False
+        if role != "actor":
+            return str(get(config, f"{ACTOR}.strategy")) != "megatron"
+        return int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1 \
+            or bool(get(config, f"{ACTOR}.megatron.sequence_parallel"))
+    return when
+
+
+def _lora_rule(role: str) -> Rule:
+    if role != "actor":
+        return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
+                       "with LoRA the reference is the actor's own model with its adapters "
+                       f"off: set {REF}.strategy to the actor's strategy.", _lora_refused(role))
+    return refused(_LORA_RANK, "megatron LoRA: not with PP or sequence parallelism",
+                   "the megatron LoRA adapters run on one pipeline stage and read unsplit "
+                   f"sequences: set {ACTOR}.megatron.pipeline_model_parallel_size=1 and "
+                   "sequence_parallel=false (tensor parallelism works), or use "
+                   "strategy=fsdp for LoRA.", _lora_refused(role))
+
+
 def _role_keys(mount: Mount) -> List[Rule]:
     """The role's own keys a megatron role cannot honour."""
     if mount.role == "critic":
@@ -120,10 +149,7 @@ def _role_keys(mount: Mount) -> List[Rule]:
                     "with sequence_parallel=true splits."),
         ]
     rules = [
-        refused("actor_rollout_ref.model.lora_rank", "LoRA runs on the fsdp strategy",
-                "LoRA adapters are built for the fsdp actor and reference only; with "
-                "actor_rollout_ref.actor.strategy=megatron (or ref.strategy=megatron) train "
-                "all weights (lora_rank=0) or use strategy=fsdp."),
+        _lora_rule(mount.role),
         refused("actor_rollout_ref.model.use_remove_padding",
                 "packing runs on the fsdp strategy", _NO_PACKING),
     ]

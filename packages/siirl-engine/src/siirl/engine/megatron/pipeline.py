@@ -33,20 +33,38 @@ LastStageFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], dict[str, tor
 StepLossFn = Callable[[int, dict[str, torch.Tensor]], torch.Tensor | None]
 
 
-def _check_micro_batches(micro_batches: Sequence[dict[str, torch.Tensor]],
-                         equal_shapes: bool) -> tuple[int, int]:
+def _check_micro_batches(micro_batches: Sequence[dict[str, torch.Tensor]]
+                         ) -> tuple[int, int, bool]:
+    """(rows, length) of the first micro-batch and whether all have that shape."""
     if not micro_batches:
         raise ValueError("a pipeline step needs at least one micro-batch")
     shape = tuple(micro_batches[0][INPUT_IDS].shape)
+    equal = True
     for index, batch in enumerate(micro_batches):
-        for key in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS):
-            got = tuple(batch[key].shape)
-            if got != shape and (equal_shapes or got != tuple(batch[INPUT_IDS].shape)):
-                raise ValueError(f"micro-batch {index}: {key} has shape {got}, expected "
-                                 f"{shape} (megatron's schedule sends fixed-shape "
-                                 "activations between pipeline stages)")
+        own = tuple(batch[INPUT_IDS].shape)
+        for key in (ATTENTION_MASK, POSITION_IDS):
+            if tuple(batch[key].shape) != own:
+                raise ValueError(f"micro-batch {index}: {key} has shape "
+                                 f"{tuple(batch[key].shape)}, its input_ids {own}")
+        equal = equal and own == shape
     batch_size, seq_len = shape
-    return batch_size, seq_len
+    return batch_size, seq_len, equal
+
+
+@contextlib.contextmanager
+def _variable_shapes(chunks: list, on: bool):
+    """Megatron's ``variable_seq_lengths`` for one schedule call: the p2p layer sends each
+    activation's shape before it, so pipeline stages may pass micro-batches of different
+    rows (dynamic batch size) or lengths; off, every stage expects the first's shape."""
+    configs = {id(chunk.config): chunk.config for chunk in chunks}.values()
+    before = [config.variable_seq_lengths for config in configs]
+    for config in configs:
+        config.variable_seq_lengths = config.variable_seq_lengths or on
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, before, strict=True):
+            config.variable_seq_lengths = value
 
 
 def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch.Tensor]],
@@ -55,9 +73,10 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     """Forward (and, unless ``forward_only``, backward) of this rank's stage over
     ``micro_batches`` with megatron-core's schedule (1F1B at PP > 1, plain accumulation at
     PP = 1). Every stage calls it with the same micro-batches (dicts of ``input_ids``,
-    ``attention_mask``, ``position_ids``, ``[B, S]`` left-padded; at PP > 1 one ``B, S`` for
-    all). Inner stages run the decoder; the last stage calls ``last_stage_fn(module,
-    batch)`` for named outputs and ``loss_fn(index, outputs)`` for a scalar loss.
+    ``attention_mask``, ``position_ids``, ``[B, S]`` left-padded; ``B, S`` may differ between
+    micro-batches: at PP > 1 stages then exchange shapes first). Inner stages run the
+    decoder; the last stage calls ``last_stage_fn(module, batch)`` for named outputs and
+    ``loss_fn(index, outputs)`` for a scalar loss.
 
     Gradients are those of the *sum* of the losses (normalise inside ``loss_fn``); they
     accumulate into ``.grad`` as ``backward()`` would. Returns, on the last stage, one dict
@@ -75,7 +94,7 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     if parallel_state.get_context_parallel_world_size() != 1:
         raise NotImplementedError("context parallelism is not supported")
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
-    batch_size, seq_len = _check_micro_batches(micro_batches, equal_shapes=pp_size > 1)
+    batch_size, seq_len, equal_shapes = _check_micro_batches(micro_batches)
     last_stage = parallel_state.is_pipeline_last_stage()
     if not forward_only and loss_fn is None and last_stage:
         raise ValueError("a loss_fn is needed unless forward_only")
@@ -120,7 +139,7 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     forward_backward = get_forward_backward_func()
     grad_context = torch.no_grad() if forward_only else contextlib.nullcontext()
     iterators = [iter(enumerate(micro_batches)) for _ in chunks]
-    with grad_context:
+    with grad_context, _variable_shapes(chunks, not equal_shapes):
         outputs = forward_backward(
             forward_step_func=forward_step,
             data_iterator=iterators if len(chunks) > 1 else iterators[0],

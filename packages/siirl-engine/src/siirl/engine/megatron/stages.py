@@ -41,20 +41,26 @@ class PipelineStages:
         filled up with copies of its last row (callers drop those rows' results). With
         sequence parallelism, sequences are left-padded to a multiple of the TP size."""
         total = data.batch_size[0]
-        seq_len = data[INPUT_IDS].shape[1]
-        extra = -seq_len % self.sequence_multiple
         out = []
         for start in range(0, total, rows):
-            micro = {key: data[key][start:start + rows].to(device) for key in _SCHEDULE_KEYS}
-            if extra:  # masked, position 0: the response positions stay where they were
-                micro = {key: torch.nn.functional.pad(value, (extra, 0))
-                         for key, value in micro.items()}
+            micro = self.schedule_dict(data[start:start + rows], device)
             short = rows - micro[INPUT_IDS].shape[0]
             if short and self.size > 1:
                 micro = {key: torch.cat([value, value[-1:].expand(short, -1)])
                          for key, value in micro.items()}
             out.append(micro)
         return out
+
+    def schedule_dict(self, rows: Any, device: torch.device) -> Dict[str, torch.Tensor]:
+        """One micro-batch of ``rows`` as the schedule's dict (with sequence parallelism
+        left-padded to a multiple of the TP size: masked, position 0, so the response
+        positions stay where they were)."""
+        micro = {key: rows[key].to(device) for key in _SCHEDULE_KEYS}
+        extra = -micro[INPUT_IDS].shape[1] % self.sequence_multiple
+        if extra:
+            micro = {key: torch.nn.functional.pad(value, (extra, 0))
+                     for key, value in micro.items()}
+        return micro
 
     def broadcast_rows(self, tensor: Optional[torch.Tensor], shape: tuple,
                        device: torch.device) -> torch.Tensor:
