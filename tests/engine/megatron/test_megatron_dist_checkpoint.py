@@ -129,3 +129,28 @@ def test_a_bad_path_names_the_key_and_the_path(path, said, tmp_path):
     assert said in str(err.value) and f"{KEY}.dist_checkpointing_path" in str(err.value)
     if path is not None:
         assert repr(path) in str(err.value)
+
+
+def test_a_run_starts_from_a_checkpoint_at_another_layout(tmp_path):
+    """The weights of a 2-step megatron run (TP=1, one worker) start a new run at TP=2 on two
+    Ray workers through use_dist_checkpointing, with model.path still the untrained built-in
+    model (its config and tokenizer): its first steps equal those of a run started from the
+    HF export of the same weights (the rollout generates with the checkpoint's weights too)."""
+    from test_megatron_engine import MEGATRON, assert_close_steps, ray_workers, steps, train
+
+    trained = tmp_path / "trained"
+    train(trained, *MEGATRON, "trainer.total_training_steps=2", "trainer.save_freq=2")
+    ckpt = trained / "global_step_2" / "actor"
+    two = ("trainer.total_training_steps=2", "trainer.save_freq=-1")
+    from_hf = tmp_path / "from_hf"
+    train(from_hf, *MEGATRON, *two, f"actor_rollout_ref.model.path={ckpt / 'huggingface'}")
+    overrides, env = ray_workers(2)
+    from_ckpt = tmp_path / "from_ckpt"
+    train(from_ckpt, *MEGATRON, *two, *overrides,
+          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+          f"{KEY}.use_dist_checkpointing=true", f"{KEY}.dist_checkpointing_path={ckpt}",
+          env=env)
+    want, untrained = steps(from_hf), steps(trained)
+    assert_close_steps(steps(from_ckpt), want,
+                       ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"))
+    assert want[1]["actor/entropy"] != untrained[1]["actor/entropy"]  # other weights indeed
