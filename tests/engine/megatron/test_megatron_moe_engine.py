@@ -1,22 +1,23 @@
 """A mixture-of-experts model trains under ``strategy=megatron`` like under fsdp (CPU, GRPO).
 
-The model is built here: the built-in tiny-arith Llama upcycled into a Mixtral with 4
-experts, top-2 (each expert the dense MLP with 5% multiplicative noise, a random router),
-so that it solves some of the main job's problems and the policy gradient is not zero.
-The megatron actor (megatron's MoE layer: router, SequentialMLP experts, alltoall
-dispatcher) must give the fsdp actor's (HF Mixtral's) loss, gradient norm and entropy
-within 1e-5 relative at steps 1 and 2; step 2 also checks that the experts reached the
-rollout through the weight sync. With expert parallelism (EP 2 on two Ray CPU workers, two
-experts each, tokens exchanged by megatron's alltoall dispatcher over gloo) it must too.
+The model is the built-in ``builtin:tiny-moe`` (tools/make_tiny_moe.py): tiny-arith
+upcycled into a Mixtral with 4 experts, top-2, so that it solves some of the main job's
+problems and the policy gradient is not zero. The megatron actor (megatron's MoE layer:
+router, SequentialMLP experts, alltoall dispatcher) must give the fsdp actor's (HF
+Mixtral's) loss, gradient norm and entropy within 1e-5 relative at steps 1 and 2; step 2
+also checks that the experts reached the rollout through the weight sync. With expert
+parallelism (EP 2 on two Ray CPU workers, two experts each, tokens exchanged by megatron's
+alltoall dispatcher over gloo) it must give EP 1's, and its HF export loads in
+transformers and scores what the megatron model (loaded from the same step's checkpoint)
+scores.
 """
-
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
+from test_megatron_bridge import gloo_world_of_one, left_padded_batch  # noqa: E402,F401
 from test_megatron_engine import (  # noqa: E402
     MEGATRON,
     assert_close_steps,
@@ -25,64 +26,12 @@ from test_megatron_engine import (  # noqa: E402
     train,
 )
 
-EXPERTS, TOP_K = 4, 2
-
-
-def upcycled_mixtral(directory: Path) -> Path:
-    """tiny-arith's weights in a Mixtral (saved with its tokenizer to ``directory``)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
-
-    from siirl.engine.models.loader import tiny_arith_dir
-
-    source = tiny_arith_dir()
-    dense = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    c = dense.config
-    config = MixtralConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        rope_theta=10000.0, tie_word_embeddings=c.tie_word_embeddings,
-        num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, bos_token_id=c.bos_token_id,
-        eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
-    torch.manual_seed(0)
-    moe = MixtralForCausalLM(config)
-    dense_state, state = dense.state_dict(), moe.state_dict()
-    with torch.no_grad():
-        for name, tensor in state.items():
-            if name in dense_state:
-                tensor.copy_(dense_state[name])
-        for layer in range(c.num_hidden_layers):
-            mlp = f"model.layers.{layer}.mlp."
-            gate_up = torch.cat([dense_state[mlp + "gate_proj.weight"],
-                                 dense_state[mlp + "up_proj.weight"]])
-            down = dense_state[mlp + "down_proj.weight"]
-            for expert in range(EXPERTS):
-                state[mlp + "experts.gate_up_proj"][expert].copy_(
-                    gate_up * (1 + 0.05 * torch.randn_like(gate_up)))
-                state[mlp + "experts.down_proj"][expert].copy_(
-                    down * (1 + 0.05 * torch.randn_like(down)))
-            state[mlp + "gate.weight"].normal_(0, 0.5)
-    moe.load_state_dict(state)
-    moe.save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(Path(source) / name, directory / name)
-    return directory
-
-
 KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean")
 
 
 @pytest.fixture(scope="module")
-def moe_model(tmp_path_factory):
-    return upcycled_mixtral(tmp_path_factory.mktemp("tiny_mixtral"))
-
-
-@pytest.fixture(scope="module")
-def common(moe_model):
-    return [f"actor_rollout_ref.model.path={moe_model}", "trainer.total_training_steps=2",
+def common():
+    return ["actor_rollout_ref.model.path=builtin:tiny-moe", "trainer.total_training_steps=2",
             "trainer.save_freq=-1"]
 
 
@@ -96,23 +45,36 @@ def fsdp_moe_run(tmp_path_factory, common):
     return fsdp
 
 
-def test_megatron_moe_actor_trains_like_fsdp(tmp_path, common, fsdp_moe_run):
-    train(tmp_path, *MEGATRON, *common)
-    megatron = steps(tmp_path)
-    assert_close_steps(megatron, fsdp_moe_run, KEYS)
-    assert all(megatron[step]["weight_sync/bytes"] > 0 for step in megatron)
+@pytest.fixture(scope="module")
+def megatron_ep1_run(tmp_path_factory, common):
+    run = tmp_path_factory.mktemp("megatron_ep1")
+    train(run, *MEGATRON, *common)
+    return steps(run)
 
 
-def test_expert_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(
-        tmp_path, common, fsdp_moe_run):
-    """Two workers are two data-parallel ranks (each its own rows) and one expert-parallel
-    group: the actor and the reference hold 2 of the 4 experts each. The step-2 checkpoint
-    (weights and megatron's chained dense + expert optimizer) resumes step 3 exactly."""
+def test_megatron_moe_actor_trains_like_fsdp(megatron_ep1_run, fsdp_moe_run):
+    assert_close_steps(megatron_ep1_run, fsdp_moe_run, KEYS)
+    assert all(megatron_ep1_run[step]["weight_sync/bytes"] > 0 for step in megatron_ep1_run)
+
+
+@pytest.fixture(scope="module")
+def ep2_run(tmp_path_factory, common):
+    """Three steps at EP 2 on two workers, checkpointed at step 2."""
     overrides, env = ray_workers(2)
     ep2 = [*MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
            "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2", *overrides, *common]
-    whole = tmp_path / "whole"
+    whole = tmp_path_factory.mktemp("ep2")
     train(whole, *ep2, "trainer.total_training_steps=3", "trainer.save_freq=2", env=env)
+    return whole, ep2, env
+
+
+def test_expert_parallel_2_on_two_cpu_workers_trains_like_ep_1_and_fsdp(
+        tmp_path, ep2_run, fsdp_moe_run, megatron_ep1_run):
+    """Two workers are two data-parallel ranks (each its own rows) and one expert-parallel
+    group: the actor and the reference hold 2 of the 4 experts each. The step-2 checkpoint
+    (weights and megatron's chained dense + expert optimizer) resumes step 3 exactly."""
+    whole, ep2, env = ep2_run
+    assert_close_steps(steps(whole), megatron_ep1_run, KEYS)
     assert_close_steps(steps(whole), fsdp_moe_run, KEYS)
     resumed = tmp_path / "resumed"
     train(resumed, *ep2, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
@@ -120,3 +82,35 @@ def test_expert_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(
     assert sorted(steps(resumed)) == [3]
     for key in KEYS:
         assert steps(resumed)[3][key] == steps(whole)[3][key], key
+
+
+@pytest.mark.usefixtures("gloo_world_of_one")
+def test_trained_hf_export_scores_what_the_megatron_model_scores(ep2_run):
+    """The step-2 HF export of the EP 2 run (experts gathered over EP) loads in transformers
+    and gives, on a left-padded batch, the log-probs of the megatron model read back (at
+    EP 1) from the same step's megatron checkpoint: within 1e-5 (float32)."""
+    from megatron.core import dist_checkpointing
+    from transformers import AutoModelForCausalLM
+
+    from siirl.engine.megatron.model import build_gpt_model, forward_logits
+    from siirl.engine.models.loader import tiny_moe_dir
+
+    step = ep2_run[0] / "global_step_2" / "actor"
+    hf = AutoModelForCausalLM.from_pretrained(step / "huggingface", dtype=torch.float32).eval()
+    assert hf.config.model_type == "mixtral" and hf.config.num_local_experts == 4
+    megatron = build_gpt_model(hf.config)
+    state = dist_checkpointing.load(megatron.sharded_state_dict(), str(step / "dist_ckpt"))
+    megatron.load_state_dict(state)
+    megatron.eval()
+    shipped = AutoModelForCausalLM.from_pretrained(tiny_moe_dir(), dtype=torch.float32)
+    moved = [name for name, p in hf.state_dict().items()
+             if not torch.equal(p, shipped.state_dict()[name])]
+    assert any(".experts." in name for name in moved), "training moved no expert"
+    input_ids, attention_mask, position_ids = left_padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        got = forward_logits(megatron, input_ids, position_ids, attention_mask)
+        want = hf(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids).logits
+    valid = attention_mask.bool()
+    worst = (got.log_softmax(-1)[valid] - want.log_softmax(-1)[valid]).abs().max()
+    assert worst <= 1e-5, float(worst)

