@@ -154,3 +154,20 @@ def test_a_run_starts_from_a_checkpoint_at_another_layout(tmp_path):
     assert_close_steps(steps(from_ckpt), want,
                        ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"))
     assert want[1]["actor/entropy"] != untrained[1]["actor/entropy"]  # other weights indeed
+
+
+@pytest.mark.parametrize("role", [KEY, "actor_rollout_ref.ref.megatron", "critic.megatron"])
+def test_use_dist_checkpointing_without_a_path_is_refused_and_with_one_accepted(role, tmp_path):
+    from siirl.params.parser import parse_config
+
+    run = ["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
+           "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(run + [f"{role}.use_dist_checkpointing=true"], validate=True)
+    assert f"without {role}.dist_checkpointing_path" in str(err.value), str(err.value)
+    config = parse_config(run + [f"{role}.use_dist_checkpointing=true",
+                                 f"{role}.dist_checkpointing_path={tmp_path}"], validate=True)
+    section = config
+    for part in role.split("."):
+        section = getattr(section, part)
+    assert section.use_dist_checkpointing and section.dist_checkpointing_path == str(tmp_path)

@@ -1,6 +1,6 @@
 """The ``megatron`` section of the megatron backend: its keys (verl's names and defaults),
 where it mounts, the key rules of its keys and of the role's keys a megatron role cannot
-honour (LoRA, packing, Ulysses). Registered as ``siirl.config: megatron``;
+honour (LoRA, the critic's packing, Ulysses). Registered as ``siirl.config: megatron``;
 core mounts it (``siirl.params.sections``) and says, for a role on another strategy, that
 the section does not apply. Nothing heavy is imported here (megatron-core is not)."""
 
@@ -27,10 +27,13 @@ _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
 NO_CONTEXT_PARALLEL = ("context parallelism is not supported by this release (it needs "
                        "Transformer Engine's attention)")
 _NO_PACKING = (
-    "remove-padding (sequence packing) runs on the fsdp strategy only: the megatron models "
-    "take padded micro-batches (megatron's own THD packing is not wired up); with "
-    "strategy=megatron set use_remove_padding=false, or use strategy=fsdp.")
+    "a megatron critic takes padded micro-batches: its value model reads the GPT stage's "
+    "hidden states row by row (the actor and reference pack, with a block-diagonal mask); "
+    "set critic.model.use_remove_padding=false, or critic.strategy=fsdp.")
 _ULYSSES = "ulysses_sequence_parallel_size"
+# verl's override_transformer_config keys siiRL applies: the MoE router's losses
+# (siirl.engine.megatron.router_loss); the others stay refused
+ROUTER_OVERRIDE_KEYS = ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_load_balancing_type")
 _LORA_RANK = "actor_rollout_ref.model.lora_rank"
 FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
                 "multiplied before every backward, steps skipped on overflow), which the "
@@ -61,6 +64,10 @@ class MegatronArguments:
     optimizer_offload: bool = False
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     use_mbridge: bool = False
+
+
+def _overrides_beyond_router(config: Any, key: str) -> bool:
+    return bool(set(get(config, key) or {}) - set(ROUTER_OVERRIDE_KEYS))
 
 
 def _differs_from_actor(config: Any, key: str) -> bool:
@@ -140,7 +147,7 @@ def _role_keys(mount: Mount) -> List[Rule]:
     """The role's own keys a megatron role cannot honour."""
     if mount.role == "critic":
         return [
-            refused("critic.model.use_remove_padding", "packing runs on the fsdp strategy",
+            refused("critic.model.use_remove_padding", "not for a megatron critic yet",
                     _NO_PACKING),
             refused(f"critic.{_ULYSSES}", "Ulysses runs on the fsdp strategy",
                     "Ulysses sequence parallelism splits sequences of the fsdp engines; a "
@@ -150,8 +157,6 @@ def _role_keys(mount: Mount) -> List[Rule]:
         ]
     rules = [
         _lora_rule(mount.role),
-        refused("actor_rollout_ref.model.use_remove_padding",
-                "packing runs on the fsdp strategy", _NO_PACKING),
     ]
     # one rule for both roles' keys where both run on megatron (one line for both)
     ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \
@@ -195,9 +200,10 @@ def megatron_rules(mount: Mount) -> List[Rule]:
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
         *_expert_rules(prefix, role),
         refused(f"{prefix}.use_dist_checkpointing", "needs dist_checkpointing_path",
-                f"the weights are then read from the megatron distributed checkpoint at "
-                f"{prefix}.dist_checkpointing_path (written once by "
-                "tools/megatron_dist_checkpoint.py, or a siiRL megatron checkpoint): set it.",
+                f"without {prefix}.dist_checkpointing_path there is no checkpoint to start "
+                "from: set it to a megatron distributed checkpoint folder (written once by "
+                "tools/megatron_dist_checkpoint.py, or a siiRL megatron checkpoint's "
+                f"global_step_N/{'critic' if role == 'critic' else 'actor'}).",
                 lambda config, key: bool(get(config, key)) and not get(
                     config, f"{prefix}.dist_checkpointing_path")),
         notice(f"{prefix}.dist_checkpointing_path", "no effect without use_dist_checkpointing",
@@ -205,8 +211,10 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                f"{prefix}.use_dist_checkpointing=true.",
                lambda config, key: not get(config, f"{prefix}.use_dist_checkpointing")),
         refused(f"{prefix}.override_transformer_config", "overrides are not applied",
-                "the TransformerConfig is derived from the Hugging Face config; change that "
-                "through actor_rollout_ref.model.override_config instead."),
+                f"of verl's overrides only the router's are applied ("
+                f"{', '.join(ROUTER_OVERRIDE_KEYS)}); the TransformerConfig is derived from "
+                "the Hugging Face config: change that through "
+                "actor_rollout_ref.model.override_config instead.", _overrides_beyond_router),
         notice(f"{prefix}.seed", "no effect: seeded from trainer.seed",
                "megatron's RNG is seeded from trainer.seed."),
         notice(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",
