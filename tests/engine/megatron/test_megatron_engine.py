@@ -172,6 +172,17 @@ def test_dynamic_batch_size_trains_like_fixed_micro_batches(tmp_path, fsdp_ppo_r
     assert_close_steps(steps(tmp_path), fsdp_ppo_run, PPO_KEYS)
 
 
+def test_packed_rows_train_like_the_padded_fsdp_actor(tmp_path, fsdp_run):
+    """use_remove_padding on the megatron actor and reference: each micro-batch runs as one
+    packed row with a block-diagonal causal mask (no Transformer Engine); GRPO steps equal
+    the padded fsdp run's."""
+    train(tmp_path, *MEGATRON, "actor_rollout_ref.model.use_remove_padding=true",
+          "trainer.total_training_steps=2", "trainer.save_freq=-1")
+    assert_close_steps(steps(tmp_path), fsdp_run,
+                       ("actor/pg_loss", "actor/grad_norm", "actor/entropy",
+                        "critic/score/mean"))
+
+
 @pytest.mark.parametrize("layout", [
     ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",

@@ -21,6 +21,7 @@ from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.lora import iter_merged_hf_weights
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
+from siirl.engine.megatron.packing import pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
@@ -41,7 +42,7 @@ class MegatronBackend:
                  replicated: Optional[Dict[str, torch.nn.Module]] = None,
                  hf_module: Optional[torch.nn.Module] = None,
                  export_dtype: Optional[torch.dtype] = None, lora: Any = None,
-                 merge_on_export: bool = False):
+                 merge_on_export: bool = False, packing: bool = False):
         self.module, self.optimizer = module, optimizer
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
@@ -53,6 +54,8 @@ class MegatronBackend:
         self.hf_module = hf_module
         # the dtype the weight sync sends (the rollout's; None: as trained)
         self.export_dtype = export_dtype
+        # use_remove_padding: micro-batches run as one packed row (megatron.packing)
+        self.packing = packing
         # LoRA (siirl.engine.megatron.lora settings): checkpoints and the HF export hold the
         # adapters only (``merge_on_export``: the merged model too); the rollout gets W + sBA
         self.lora, self.merge_on_export = lora, merge_on_export
@@ -77,6 +80,10 @@ class MegatronBackend:
             schedule = self.stages.micro_batches(data, micro, device)
         else:
             schedule = [self.stages.schedule_dict(part, device) for part in parts]
+        if self.packing:
+            schedule = [pack_schedule_dict(batch, data[RESPONSES].shape[-1],
+                                           self.stages.sequence_multiple)
+                        for batch in schedule]
         if forward_only:
             outputs = run_pipeline(self.schedule_model, schedule, head.fn, forward_only=True)
             rows = data.batch_size[0]

@@ -134,7 +134,8 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
                               tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
                               grad_sync=grad_sync, hf_module=hf_model,
-                              export_dtype=rollout_weight_dtype(cfg, dtype))
+                              export_dtype=rollout_weight_dtype(cfg, dtype),
+                              packing=bool(cfg.actor_rollout_ref.model.use_remove_padding))
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,
                        initial_module=copy.deepcopy(hf_model) if dp > 1 else None)
 
@@ -156,7 +157,9 @@ def megatron_reference(config: Any, worker: Any = None,
                                              "actor_rollout_ref.ref.megatron.dtype"), start)
     model.requires_grad_(False)
     model.eval()
-    return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp),
+    packing = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+    return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp,
+                                                packing=packing),
                            logprob_heads)
 
 

@@ -13,14 +13,23 @@ from siirl.engine.common.backend import Head
 from siirl.engine.critic.value_model import response_values
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.model import forward_logits
+from siirl.engine.megatron.packing import PACKED, packed_logprobs
 from siirl.engine.megatron.pipeline import logprob_head
 from siirl.engine.megatron.sequence_parallel import gather_sequence
 from siirl.engine.models.logprob import logprobs_from_logits
 
 
 def logprob_heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
+    """Log-probs of a padded micro-batch, or of a packed one (``megatron.packing``)."""
     names = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
-    return Head(logprob_head(response_length, temperature, calculate_entropy), names)
+    padded = logprob_head(response_length, temperature, calculate_entropy)
+
+    def head(module: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if PACKED in batch:
+            return packed_logprobs(module, batch, temperature, calculate_entropy)
+        return padded(module, batch)
+
+    return Head(head, names)
 
 
 def value_heads(value_model: torch.nn.Module) -> Callable[[int], Head]:

@@ -21,7 +21,8 @@ from megatron.core import parallel_state
 
 from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from siirl.engine.megatron.chunks import model_chunks
-from siirl.engine.megatron.model import forward_logits, megatron_attention_mask, unwrap_model
+from siirl.engine.megatron.model import forward_logits, unwrap_model
+from siirl.engine.megatron.packing import schedule_attention_mask
 from siirl.engine.models.logprob import logprobs_from_logits
 
 __all__ = ["logprob_head", "pipeline_logprob_step", "run_pipeline"]
@@ -106,7 +107,7 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
         index, batch = next(data_iterator)
         if not unwrap_model(module).post_process:  # hidden states [S, B, H] onwards
             hidden = module(batch[INPUT_IDS], batch[POSITION_IDS],
-                            megatron_attention_mask(batch[ATTENTION_MASK]))
+                            schedule_attention_mask(batch))
             return hidden, None
         outputs = last_stage_fn(module, batch)
 
