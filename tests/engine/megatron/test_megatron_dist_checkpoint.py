@@ -171,3 +171,24 @@ def test_use_dist_checkpointing_without_a_path_is_refused_and_with_one_accepted(
     for part in role.split("."):
         section = getattr(section, part)
     assert section.use_dist_checkpointing and section.dist_checkpointing_path == str(tmp_path)
+
+
+def test_ppo_with_every_role_from_the_tool_checkpoint_trains_like_from_hf(tmp_path):
+    """tools/megatron_dist_checkpoint.py converts the built-in model; PPO with the actor,
+    the reference (KL loss) and the critic (its transformer; the value head starts from its
+    seed) all loading it trains like PPO from the HF weights."""
+    import subprocess
+    import sys
+
+    from test_megatron_engine import MEGATRON, PPO, PPO_KEYS, assert_close_steps, steps, train
+
+    ckpt = tmp_path / "mcore"
+    subprocess.run([sys.executable, "tools/megatron_dist_checkpoint.py", "builtin:tiny-arith",
+                    str(ckpt)], check=True, capture_output=True, timeout=300)
+    run = [*PPO, *MEGATRON, "critic.strategy=megatron", "actor_rollout_ref.actor.use_kl_loss=true"]
+    train(tmp_path / "hf", *run)
+    starts = [f"{role}.{key}" for role in (KEY, "actor_rollout_ref.ref.megatron", "critic.megatron")
+              for key in ("use_dist_checkpointing=true", f"dist_checkpointing_path={ckpt}")]
+    train(tmp_path / "ckpt", *run, *starts)
+    assert_close_steps(steps(tmp_path / "ckpt"), steps(tmp_path / "hf"),
+                       PPO_KEYS + ("actor/kl_loss",))
