@@ -50,3 +50,33 @@ def test_expert_parallel_size_must_divide_the_data_parallel_ranks():
     text = _refusal(EP2 + [f"{ACTOR}.megatron.tensor_model_parallel_size=2",
                            f"{ACTOR}.megatron.sequence_parallel=true"])
     assert "expert_model_parallel_size=2 must divide the data-parallel size 1" in text, text
+
+
+OVERRIDES = f"+{ACTOR}.megatron.override_transformer_config"
+
+
+def test_verl_router_loss_overrides_are_accepted_and_other_overrides_refused():
+    config = parse_config([f"{ACTOR}.strategy=megatron", f"{OVERRIDES}.moe_aux_loss_coeff=0.01",
+                           f"{OVERRIDES}.moe_z_loss_coeff=0.001",
+                           f"{OVERRIDES}.moe_router_load_balancing_type=aux_loss"], validate=True)
+    assert config.actor_rollout_ref.actor.megatron.override_transformer_config == {
+        "moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001,
+        "moe_router_load_balancing_type": "aux_loss"}
+    text = _refusal([f"{ACTOR}.strategy=megatron", f"{OVERRIDES}.moe_aux_loss_coeff=0.01",
+                     f"{OVERRIDES}.apply_rope_fusion=true"])
+    assert "override_transformer_config" in text and "moe_aux_loss_coeff" in text, text
+
+
+def test_router_overrides_are_checked_where_the_model_is_known():
+    from siirl.engine.megatron.router_loss import router_overrides
+
+    key = f"{ACTOR}.megatron.override_transformer_config"
+    assert router_overrides({"moe_aux_loss_coeff": 0.01}, True, key) == {
+        "moe_aux_loss_coeff": 0.01, "moe_router_load_balancing_type": "aux_loss"}
+    assert router_overrides({}, False, key) == {}
+    with pytest.raises(ConfigError, match="dense model"):
+        router_overrides({"moe_aux_loss_coeff": 0.01}, False, key)
+    with pytest.raises(ConfigError, match="sinkhorn"):
+        router_overrides({"moe_router_load_balancing_type": "sinkhorn"}, True, key)
+    with pytest.raises(ConfigError, match="apply_rope_fusion"):
+        router_overrides({"apply_rope_fusion": True}, True, key)

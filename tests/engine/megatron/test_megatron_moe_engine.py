@@ -57,6 +57,22 @@ def test_megatron_moe_actor_trains_like_fsdp(megatron_ep1_run, fsdp_moe_run):
     assert all(megatron_ep1_run[step]["weight_sync/bytes"] > 0 for step in megatron_ep1_run)
 
 
+def test_router_aux_loss_is_logged_and_enters_the_gradient(tmp_path, common, megatron_ep1_run):
+    """verl's moe_aux_loss_coeff: megatron's load-balancing loss is logged as
+    actor/moe_aux_loss (not at all without it) and its gradient is added: step 1 has the
+    same rollout and policy loss as the coeff 0 run, another gradient norm."""
+    train(tmp_path, *MEGATRON, *common, "trainer.total_training_steps=1",
+          "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.1")
+    step = steps(tmp_path)[1]
+    assert "actor/moe_aux_loss" not in megatron_ep1_run[1]
+    assert step["actor/moe_aux_loss"] > 0
+    plain = megatron_ep1_run[1]
+    for key in ("actor/pg_loss", "critic/score/mean"):
+        assert abs(step[key] - plain[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
+    assert abs(step["actor/grad_norm"] - plain["actor/grad_norm"]) > 1e-3 * plain[
+        "actor/grad_norm"]
+
+
 @pytest.fixture(scope="module")
 def ep2_run(tmp_path_factory, common):
     """Three steps at EP 2 on two workers, checkpointed at step 2."""
@@ -114,3 +130,16 @@ def test_trained_hf_export_scores_what_the_megatron_model_scores(ep2_run):
     valid = attention_mask.bool()
     worst = (got.log_softmax(-1)[valid] - want.log_softmax(-1)[valid]).abs().max()
     assert worst <= 1e-5, float(worst)
+
+
+@pytest.mark.slow
+def test_tp_2_by_ep_2_on_four_cpu_workers_trains_like_ep_1(tmp_path, common, megatron_ep1_run):
+    """Four workers: TP 2 (with sequence parallelism, which megatron's MoE layer needs under
+    TP) x 2 data-parallel ranks, the experts split over EP 2 (and over TP inside each
+    expert, expert TP = TP): steps 1 and 2 equal EP 1's within 1e-5."""
+    overrides, env = ray_workers(4)
+    layout = [f"actor_rollout_ref.{role}.megatron.{key}={value}" for role in ("actor", "ref")
+              for key, value in (("tensor_model_parallel_size", 2), ("sequence_parallel", "true"),
+                                 ("expert_model_parallel_size", 2))]
+    train(tmp_path, *MEGATRON, *layout, *overrides, *common, env=env)
+    assert_close_steps(steps(tmp_path), megatron_ep1_run, KEYS)

@@ -80,6 +80,9 @@ class PPOUpdater:
             metrics[_TOKENS] = float(data[RESPONSE_MASK].sum())
         # each rank holds its share of the global value
         metrics = dp_sum(metrics, backend.dp_size, backend.dp_group, backend.device)
+        engine_metrics = getattr(backend, "take_update_metrics", None)  # megatron's MoE router
+        if engine_metrics is not None:
+            metrics.update(engine_metrics(self.prefix))
         if metrics.pop(_TOKENS, None) == 0.0:  # every row masked out (all groups filtered):
             metrics.pop(f"{self.prefix}/entropy", None)  # no token has an entropy to report
         # the grad norm is global already, so every rank skips the same steps; nan when

@@ -23,6 +23,7 @@ from siirl.engine.megatron.lora import iter_merged_hf_weights
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.packing import pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
+from siirl.engine.megatron.router_loss import RouterLossLog
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
 from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
@@ -61,6 +62,9 @@ class MegatronBackend:
         self.lora, self.merge_on_export = lora, merge_on_export
         self.stages = PipelineStages(sequence_multiple(model_chunks(self.schedule_model)[0]
                                                        .config))
+        # MoE: the router's auxiliary losses of the training micro-batches
+        self.router_losses = RouterLossLog() \
+            if model_chunks(self.schedule_model)[0].config.num_moe_experts else None
 
     @property
     def device(self) -> torch.device:
@@ -102,7 +106,14 @@ class MegatronBackend:
                                           outputs.items() if value is not None})
 
         run_pipeline(self.schedule_model, schedule, head.fn, step_loss)
+        if self.router_losses is not None:
+            self.router_losses.record(len(schedule))
         return None
+
+    def take_update_metrics(self, prefix: str) -> Dict[str, float]:
+        """Metrics of the update's steps already global over the ranks (the router's
+        auxiliary losses as ``<prefix>/moe_aux_loss``, ``<prefix>/moe_z_loss``)."""
+        return self.router_losses.take(prefix) if self.router_losses is not None else {}
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

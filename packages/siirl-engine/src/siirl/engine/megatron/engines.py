@@ -36,6 +36,8 @@ from siirl.engine.megatron.mixed_precision import (
     rollout_weight_dtype,
     with_main_params,
 )
+from siirl.engine.megatron.moe import is_moe
+from siirl.engine.megatron.router_loss import router_overrides
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
 from siirl.engine.models.loader import load_model_and_tokenizer
 from siirl.errors import ConfigError
@@ -126,8 +128,10 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
                         "actor_rollout_ref.actor.megatron.dtype")
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
+    router = router_overrides(cfg.actor_rollout_ref.actor.megatron.override_transformer_config,
+                              is_moe(hf_model.config), f"{ACTOR_KEY}.override_transformer_config")
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype,
-                                 start)
+                                 start, router)
     if start is not None:
         _refresh_hf_copy(hf_model, model, tp_group)
     optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)

@@ -94,13 +94,15 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
                          sequence_parallel: bool = False,
                          params_dtype: torch.dtype = torch.float32,
-                         dist_checkpoint: Optional[Tuple[str, Optional[str]]] = None
-                         ) -> torch.nn.Module:
+                         dist_checkpoint: Optional[Tuple[str, Optional[str]]] = None,
+                         transformer_overrides: Optional[dict] = None) -> torch.nn.Module:
     """This rank's pipeline stage of ``hf_model`` as a GPTModel with its weights (with
     virtual pipeline stages: its chunks, as one ModelChunks module), its parameters and
     compute in ``params_dtype`` (the HF weights are rounded to it on loading). With
     ``dist_checkpoint`` = (role's megatron key, path) the weights come from that megatron
-    distributed checkpoint instead (any layout; ``hf_model`` gives the architecture)."""
+    distributed checkpoint instead (any layout; ``hf_model`` gives the architecture).
+    ``transformer_overrides``: TransformerConfig keys set over the HF-derived ones (the
+    router's losses, siirl.engine.megatron.router_loss)."""
     from megatron.core import parallel_state as ps
 
     from siirl.engine.megatron.bridge import load_hf_weights
@@ -116,7 +118,8 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
     if vpp == 1:
         model = build_gpt_model(hf_model.config, pre_process=ps.is_pipeline_first_stage(),
                                 post_process=ps.is_pipeline_last_stage(),
-                                sequence_parallel=sequence_parallel, params_dtype=params_dtype)
+                                sequence_parallel=sequence_parallel, params_dtype=params_dtype,
+                                **(transformer_overrides or {}))
         if dist_checkpoint is None:
             load_hf_weights(model, hf_model.state_dict(), hf_model.config)
         else:
@@ -131,7 +134,7 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
                         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=c),
                         post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=c),
                         vp_stage=c, sequence_parallel=sequence_parallel,
-                        params_dtype=params_dtype)
+                        params_dtype=params_dtype, **(transformer_overrides or {}))
         for c in range(vpp)])
     if dist_checkpoint is not None:
         _load_dist_checkpoint(chunks, hf_model.config, dist_checkpoint)
