@@ -52,6 +52,12 @@ CONTEXTS = {
     "gae": ["algorithm.adv_estimator=gae"],
     "reward model": ["reward_model.enable=true"],
     "megatron reward model": ["reward_model.enable=true", "reward_model.strategy=megatron"],
+    "megatron judge": ["reward_model.enable=true", "reward_model.strategy=megatron",
+                       "reward_model.style=generative"],
+    # a refusal of one value of a string key (as "megatron float16" above)
+    "megatron reward model float16": ["reward_model.enable=true",
+                                      "reward_model.strategy=megatron",
+                                      "reward_model.megatron.dtype=float16"],
     "embodied rewards": ["reward_model.reward_manager=embodied", "reward_model.enable=true"],
     "vllm, clip-cov loss": ["actor_rollout_ref.rollout.name=vllm",
                             "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"],

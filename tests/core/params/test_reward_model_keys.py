@@ -18,6 +18,11 @@ JUDGE = ON + ["reward_model.style=generative"]
     JUDGE + ["reward_model.judge.template='Q {question} A {response} Score:'",
              "reward_model.judge.max_new_tokens=4", "reward_model.judge.max_score=5"],
     JUDGE + ["reward_model.judge.source=model", "reward_model.model.path=builtin:tiny-arith"],
+    ON + ["reward_model.strategy=megatron", "reward_model.model.path=builtin:tiny-reward",
+          "reward_model.megatron.dtype=bfloat16", "reward_model.micro_batch_size_per_gpu=4",
+          "actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=2",
+          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+          "reward_model.megatron.tensor_model_parallel_size=2"],
 ])
 def test_read_without_notices(overrides, capsys):
     parse_config(overrides, validate=True)
@@ -37,6 +42,10 @@ def test_read_without_notices(overrides, capsys):
      "reward_model.forward_max_token_len_per_gpu"),
     (ON + ["reward_model.megatron.tensor_model_parallel_size=2"],
      "reward_model.megatron.tensor_model_parallel_size"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.model.fsdp_config.fsdp_size=1"],
+     "reward_model.model.fsdp_config.fsdp_size"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.optimizer_offload=true"],
+     "reward_model.megatron.optimizer_offload"),
 ])
 def test_notices(overrides, key, capsys):
     parse_config(overrides)
@@ -45,7 +54,12 @@ def test_notices(overrides, key, capsys):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (ON + ["reward_model.strategy=megatron"], "Megatron reward model is not implemented"),
+    (JUDGE + ["reward_model.strategy=megatron"], "not a megatron model"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.tensor_model_parallel_size=2"],
+     "actor_rollout_ref.actor.megatron"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.dtype=float16"], "float16"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.use_dist_checkpointing=true"],
+     "score head"),
     (ON + ["reward_model.model.fsdp_config.param_offload=true"], "offload"),
     (ON + ["reward_model.ulysses_sequence_parallel_size=2"], "Ulysses"),
     (ON + ["reward_model.reward_manager=embodied"], "embodied reward manager"),

@@ -3,7 +3,6 @@ response token; rows of a data source without a rule get the model's score alone
 
 import pytest
 import torch
-from rm_batches import rollout_batch
 
 from siirl.data_coordinator.fields import DATA_SOURCE, GROUND_TRUTH, SCORE, TOKEN_LEVEL_SCORES
 from siirl.data_coordinator.protocol import get_non_tensor, set_non_tensor
@@ -11,6 +10,7 @@ from siirl.engine.reward_manager.batch import BatchRewardManager
 from siirl.engine.reward_manager.naive import NaiveRewardManager
 from siirl.engine.reward_model.combine import RM_SCORES, place_on_last_token
 from siirl.errors import ConfigError
+from siirl_rm_batches import rollout_batch
 
 
 class Chars:

@@ -5,13 +5,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rm_batches import ShiftedTokenizer, rollout_batch
 
 from siirl.engine.reward_model.combine import RM_SCORES
 from siirl.engine.reward_model.factory import fsdp_reward_model
 from siirl.engine.reward_model.loading import BUILTIN_TINY_REWARD, load_tokenizer
 from siirl.errors import ConfigError
 from siirl_numerics import assert_close, rounding, scale_of, transformer_terms
+from siirl_rm_batches import ShiftedTokenizer, rollout_batch
 
 torch.set_num_threads(1)
 EOS = 2

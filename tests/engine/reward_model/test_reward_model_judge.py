@@ -5,7 +5,6 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from rm_batches import rollout_batch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import RESPONSE_MASK, RESPONSES
@@ -19,6 +18,7 @@ from siirl.engine.reward_model.judge import (
     template_tail,
 )
 from siirl.errors import ConfigError
+from siirl_rm_batches import rollout_batch
 
 
 @pytest.mark.parametrize("reply,tail,grade", [

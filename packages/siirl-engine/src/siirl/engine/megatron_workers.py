@@ -28,7 +28,12 @@ _HEADS = ("megatron_logprobs",)  # from .megatron.heads
 def megatron_engine(role: str, config: Any, worker: Optional[Any] = None,
                     peers: Optional[Mapping[str, Any]] = None) -> Any:
     """Entry point ``siirl.engines: megatron``: the engine of ``role``
-    (:func:`siirl.engine.megatron.engines.megatron_engine`)."""
+    (:func:`siirl.engine.megatron.engines.megatron_engine`; the reward model's:
+    :func:`siirl.engine.megatron.reward_model.megatron_reward_model`)."""
+    if role == "reward_model":
+        from siirl.engine.megatron.reward_model import megatron_reward_model
+
+        return megatron_reward_model(config, worker, peers)
     from siirl.engine.megatron import engines
 
     return engines.megatron_engine(role, config, worker, peers)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, List
 
 from siirl.engine.fsdp.config import FSDPArguments
+from siirl.engine.megatron.config import FP16_REFUSED, NO_CONTEXT_PARALLEL
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount
@@ -58,7 +59,7 @@ _REWARD_MODEL_KEYS = tuple(f"reward_model.{k}" for k in (
     "strategy", "model.*", "micro_batch_size", "micro_batch_size_per_gpu", "max_length",
     "ulysses_sequence_parallel_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
     "style", "rm_weight", "judge.*", "enable_resource_pool", "n_gpus_per_node", "nnodes",
-    "rollout.*"))
+    "rollout.*", "megatron.*"))
 _RM_CLASSIFIER_KEYS = tuple(f"reward_model.{k}" for k in (
     "micro_batch_size", "micro_batch_size_per_gpu", "use_dynamic_bsz",
     "forward_max_token_len_per_gpu", "ulysses_sequence_parallel_size", "model.fsdp_config.*",
@@ -77,6 +78,80 @@ def _rm_classifier(config: Any, key: str) -> bool:
     return not _rm_off(config, key) and not _rm_judge(config, key)
 
 
+def _on_megatron(config: Any, key: str) -> bool:
+    return str(get(config, "reward_model.strategy", "fsdp")) == "megatron"
+
+
+def _megatron_classifier(config: Any, key: str) -> bool:
+    return _rm_classifier(config, key) and _on_megatron(config, key)
+
+
+_MEGATRON = "reward_model.megatron"
+# the reward model runs in the actor's megatron parallel state: its own values may only
+# repeat the actor's
+_MIRRORED = tuple(f"{_MEGATRON}.{k}" for k in (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "sequence_parallel", "expert_model_parallel_size",
+    "expert_tensor_parallel_size"))
+
+
+def _differs_from_actor(config: Any, key: str) -> bool:
+    return _megatron_classifier(config, key) and get(config, key) != get(
+        config, f"actor_rollout_ref.actor.megatron.{key.rsplit('.', 1)[1]}")
+
+
+def megatron_rules() -> List[Rule]:
+    """The rules of ``reward_model.megatron`` (``reward_model.strategy=megatron``: the
+    sequence classifier as a megatron GPTModel, ``siirl.engine.megatron.reward_model``)."""
+    return [
+        refused("reward_model.strategy", "the generative judge does not run on megatron",
+                "with reward_model.style=generative the judge replies through a rollout "
+                "engine (the actor's, or an HF one of reward_model.model.path), not a "
+                "megatron model: set reward_model.strategy=fsdp (only the sequence classifier, "
+                "style=discriminative, runs on megatron).",
+                lambda config, key: _on_megatron(config, key) and _rm_judge(config, key)),
+        notice(f"{_MEGATRON}.*", "no effect: reward_model.strategy is not megatron",
+               "reward_model.megatron.* only act with reward_model.strategy=megatron (the "
+               "sequence classifier as a megatron GPTModel).",
+               lambda config, key: not _on_megatron(config, key)),
+        refused(_MIRRORED, "set it under actor.megatron",
+                "the reward model runs in the actor's megatron parallel state: set the same "
+                "key under actor_rollout_ref.actor.megatron instead.", _differs_from_actor),
+        refused(f"{_MEGATRON}.context_parallel_size", "context parallelism is not supported",
+                f"{NO_CONTEXT_PARALLEL}; the reward model runs in the actor's megatron "
+                "parallel state: leave it at 1.",
+                lambda config, key: _megatron_classifier(config, key) and get(config, key) != 1),
+        refused(f"{_MEGATRON}.dtype", "float16 is not wired (loss scaling)", FP16_REFUSED,
+                lambda config, key: _megatron_classifier(config, key) and
+                str(get(config, key)) == "float16"),
+        refused(f"{_MEGATRON}.param_offload", "megatron offload is not implemented",
+                "megatron CPU offload is not implemented; the reward model's parameters stay "
+                "on the GPU: leave it false.", _megatron_classifier),
+        notice((f"{_MEGATRON}.grad_offload", f"{_MEGATRON}.optimizer_offload",
+                f"{_MEGATRON}.use_distributed_optimizer"), "no effect: no optimizer",
+               "the reward model is frozen: it has no gradients and no optimizer.",
+               _megatron_classifier),
+        refused(f"{_MEGATRON}.use_dist_checkpointing", "built from the HF classifier",
+                "the megatron reward model is converted from the Hugging Face sequence "
+                "classifier at reward_model.model.path (a megatron distributed checkpoint holds "
+                "no score head): leave it false.", _megatron_classifier),
+        notice(f"{_MEGATRON}.dist_checkpointing_path", "no effect: built from the HF classifier",
+               "the reward model's weights come from reward_model.model.path.",
+               _megatron_classifier),
+        refused(f"{_MEGATRON}.override_transformer_config", "overrides are not applied",
+                "the TransformerConfig is derived from the Hugging Face config; change that "
+                "through reward_model.model.override_config instead.", _megatron_classifier),
+        notice(f"{_MEGATRON}.seed", "no effect: seeded from trainer.seed",
+               "megatron's RNG is seeded from trainer.seed.", _megatron_classifier),
+        notice(f"{_MEGATRON}.use_mbridge", "no effect: siiRL's own bridge converts weights",
+               "siiRL's own bridge converts the classifier's decoder (Llama, Qwen2, Qwen3, "
+               "Qwen3-MoE, Mixtral).", _megatron_classifier),
+        notice("reward_model.model.fsdp_config.*", "no effect: the reward model runs on megatron",
+               "with reward_model.strategy=megatron the reward model is split by the actor's "
+               "megatron parallel state, not FSDP.", _megatron_classifier),
+    ]
+
+
 def reward_model_rules(mount: Mount) -> List[Rule]:
     """The rules of the reward model's keys, in the order the first that holds decides."""
     return [
@@ -89,13 +164,7 @@ def reward_model_rules(mount: Mount) -> List[Rule]:
                 "the embodied reward manager scores episodes, not text a reward model could "
                 "read: keep reward_model.enable=false with reward_model.reward_manager=embodied.",
                 lambda config, key: get(config, "reward_model.reward_manager") == "embodied"),
-        refused("reward_model.strategy", "the reward model runs on fsdp",
-                "a Megatron reward model is not implemented: reward_model.strategy=fsdp loads it "
-                "with transformers, held whole by each worker or sharded with FSDP2.",
-                lambda config, key: str(get(config, key)) == "megatron"),
-        notice("reward_model.megatron.*", "no effect: the reward model runs on fsdp",
-               "a Megatron reward model is not implemented (reward_model.strategy=megatron is "
-               "refused)."),
+        *megatron_rules(),
         notice("reward_model.judge.*", "no effect unless style=generative",
                "judge settings only act with reward_model.style=generative.",
                lambda config, key: not _rm_judge(config, key)),

@@ -1,5 +1,6 @@
 """``RewardModelEngine``: role ``reward_model`` with a sequence classifier, on any backend
-whose ``forward_backward_batch`` runs forward-only passes (``siirl.engine.fsdp``).
+whose ``forward_backward_batch`` runs forward-only passes (``siirl.engine.fsdp``; megatron's
+subclass with its own head: ``siirl.engine.megatron.reward_model``).
 
 ``compute_rm_score(batch)`` scores each row's prompt and response (``inputs``) in
 micro-batches of ``reward_model.micro_batch_size_per_gpu`` rows (all rows at once when
@@ -78,6 +79,7 @@ class RewardModelEngine:
                             "reward_model.forward_max_token_len_per_gpu")
         check_backend(backend, self.limit)
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
+        self.head = HEAD  # a backend's own (megatron's: siirl.engine.megatron.reward_model)
 
     def model_inputs(self, batch: Any) -> Any:
         """The reward model's left-padded ids of each row (see ``inputs``)."""
@@ -98,8 +100,8 @@ class RewardModelEngine:
         else:
             micro = int(self.micro_rows or rows)
         with torch.no_grad():
-            out = backend.forward_backward_batch(data, micro, HEAD, forward_only=True)
-        return out[SCORE]
+            out = backend.forward_backward_batch(data, micro, self.head, forward_only=True)
+        return out[SCORE].reshape(rows)
 
     def compute_rm_score(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
