@@ -44,9 +44,11 @@ def _batch(vocab_size: int):
                       batch_size=[ROWS])
 
 
-def _run(backend, data, micro, tokens):
-    """Forward-only log-probs, then the gradients of the token-mean response loss."""
+def _run(backend, data, micro, tokens, tp_group=None):
+    """Forward-only log-probs, then the gradients of the token-mean response loss (with
+    sequence parallelism the norms' partial gradients summed over ``tp_group``)."""
     from siirl.engine.megatron.heads import logprob_heads
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
     head = logprob_heads(RESPONSE, 1.0, False)
     log_probs = backend.forward_backward_batch(data, micro, head, forward_only=True)
@@ -59,6 +61,7 @@ def _run(backend, data, micro, tokens):
     backend.module.train()
     backend.module.zero_grad(set_to_none=True)
     backend.forward_backward_batch(data, micro, head, loss_fn)
+    sum_sequence_parallel_grads(backend.module, tp_group)
     grads = {name: param.grad.detach().clone()
              for name, param in backend.module.named_parameters()}
     return log_probs, grads

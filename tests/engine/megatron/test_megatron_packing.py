@@ -1,7 +1,8 @@
 """Packing (``use_remove_padding``) on the megatron backend: each micro-batch runs as one
 packed row with a block-diagonal causal mask and per-sequence positions (megatron's THD
-packing needs Transformer Engine's attention). At PP=1 and at PP=2 over two gloo ranks
-(packed rows of different lengths between stages), the response log-probs and the
+packing needs Transformer Engine's attention). At PP=1, at PP=2 over two gloo ranks
+(packed rows of different lengths between stages) and at TP=2 with sequence parallelism
+(packed rows filled to even lengths with tokens nothing attends to), the response log-probs and the
 gradients of a token-mean loss equal the padded path's within float32 rounding; positions
 that score no response token hold 0, as on fsdp.
 Assertions run inside the ranks; a failure there fails the test with the rank's traceback.
@@ -23,7 +24,7 @@ from test_megatron_dynamic_batch import LENGTH, RESPONSE, ROWS, _batch, _run  # 
 from siirl_numerics import assert_close, rounding, scale_of, transformer_terms  # noqa: E402
 
 
-def rank_main(rank: int, world_size: int, port: int) -> None:
+def rank_main(rank: int, world_size: int, port: int, tp: int) -> None:
     import datetime
     import warnings
 
@@ -37,34 +38,38 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    init_megatron(tp=1, pp=world_size)
+    init_megatron(tp=tp, pp=world_size // tp)
     hf = tiny_hf_model("qwen2", num_layers=4)  # tied embeddings: both copies' gradients
-    model = build_megatron_model(hf, torch.device("cpu"))
+    # TP 2 with sequence parallelism: packed rows filled to even lengths
+    model = build_megatron_model(hf, torch.device("cpu"), sequence_parallel=tp > 1)
+    tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     data = _batch(hf.config.vocab_size)
     response_mask = data["attention_mask"][:, -RESPONSE:].bool()
     tokens = response_mask.sum()
 
-    padded = _run(MegatronBackend(model), data, 2, tokens)
-    packed = _run(MegatronBackend(model, packing=True), data, 2, tokens)
+    padded = _run(MegatronBackend(model), data, 2, tokens, tp_group)
+    packed = _run(MegatronBackend(model, packing=True), data, 2, tokens, tp_group)
     assert bool((packed[0][~response_mask] == 0).all())  # unscored: 0, as on fsdp
     want = padded[0] * response_mask
     terms = transformer_terms(hf.config, LENGTH)
     assert_close(packed[0], want, rounding(torch.float32, terms, scale_of(want), want.numel()),
                  "packed log-probs")
     worst = (packed[0] - want).abs().max().item()
+    print(f"rank {rank}: max |packed - padded| log-probs = {worst:.3g}", flush=True)
     back = transformer_terms(hf.config, LENGTH, backward=True, tokens=ROWS * LENGTH)
     for name, grad in padded[1].items():
         assert_close(packed[1][name], grad,
                      rounding(torch.float32, back, scale_of(grad), grad.numel()),
                      f"{name} gradient of packed rows")
         worst = max(worst, (packed[1][name] - grad).abs().max().item())
-    print(f"rank {rank}: max |packed - padded| = {worst:.3g}", flush=True)
+    print(f"rank {rank}: max |packed - padded| with gradients = {worst:.3g}", flush=True)
     parallel_state.destroy_model_parallel()
     finish_rank()  # a failing rank raises instead
 
 
-@pytest.mark.parametrize("pp", [1, 2], ids=["pp1", "pp2"])
-def test_packed_rows_match_the_padded_path(pp):
-    context = mp.start_processes(rank_main, args=(pp, free_port()), nprocs=pp, join=False,
-                                 start_method="spawn")
-    join_spawned(context, f"the {pp}-rank megatron packing run")
+@pytest.mark.parametrize("tp,pp", [(1, 1), (1, 2), (2, 1)],
+                         ids=["pp1", "pp2", "tp2-sequence-parallel"])
+def test_packed_rows_match_the_padded_path(tp, pp):
+    context = mp.start_processes(rank_main, args=(tp * pp, free_port(), tp), nprocs=tp * pp,
+                                 join=False, start_method="spawn")
+    join_spawned(context, f"the TP {tp} x PP {pp} megatron packing run")
