@@ -7,8 +7,8 @@ TP=1. At every layout the loaded stage's weights equal, bit for bit, those the b
 from the HF weights at that layout (so the log-probs are the HF build's), and where one
 process runs the whole model (TP=1, TP=2) the log-probs are compared too: equal to the HF
 build's within 1e-6 and to transformers' within float32 rounding. Llama's vocabulary (101)
-is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths give an
-error naming the key and the path.
+is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths, and a
+checkpoint of another architecture, give an error naming the key and the path.
 """
 
 from __future__ import annotations
@@ -109,6 +109,10 @@ def rank_main(rank: int, world_size: int, port: int, root: str) -> None:
         _at(1, 2, hf, tp1)
         _at(1, 2, hf, tp2)
         _at(1, 1, hf, tp2)
+    init_megatron(tp=1, pp=1)  # another architecture's checkpoint: Qwen2's qkv bias, tied
+    with pytest.raises(ConfigError, match=f"{KEY}.dist_checkpointing_path=.* does not fit"):
+        _build(tiny_hf_model("llama", num_layers=4), os.path.join(root, "qwen2_tp1"))
+    parallel_state.destroy_model_parallel()
     finish_rank()
 
 

@@ -57,13 +57,23 @@ def load_model(model: torch.nn.Module, path: str | None, key: str) -> None:
     """Fill ``model`` (this rank's stage or chunks, any layout) from the checkpoint at
     ``path``, strictly: a checkpoint of another architecture is refused naming ``key``."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
 
     directory = checkpoint_dir(path, key)
     try:
         state = dist_checkpointing.load(model.sharded_state_dict(), directory)
         model.load_state_dict(state)
-    except Exception as exc:  # missing keys, shape mismatch: another model's checkpoint
-        first = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else type(exc)
+    # missing keys, shape mismatch: another model's checkpoint (torch's CheckpointException
+    # is a BaseException carrying each rank's failure)
+    except (Exception, CheckpointException) as exc:
         raise ConfigError(f"{key}.dist_checkpointing_path={path!r} does not fit the model "
-                          f"of the model path's config.json ({first}); the checkpoint must "
-                          "be of the same architecture (any TP/PP layout).") from exc
+                          f"of the model path's config.json ({_reason(exc)}); the checkpoint "
+                          "must be of the same architecture (any TP/PP layout).") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)
+    if failures:  # the first failing rank's own exception
+        exc = next(iter(failures.values()))[0]
+    text = str(exc).strip()
+    return text.splitlines()[-1][:400] if text else type(exc).__name__
