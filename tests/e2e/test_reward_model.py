@@ -66,3 +66,33 @@ def test_two_workers_shard_the_reward_model_and_score_like_one(tmp_path):
                          env={"RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""})
     for key in ("reward/rm/mean", "reward/rule/mean", "critic/score/mean"):
         assert two[1][key] == pytest.approx(one[1][key], abs=1e-5), key
+
+
+def test_the_megatron_reward_model_scores_like_the_fsdp_one(tmp_path):
+    # reward_model.strategy=megatron: the tiny classifier as a megatron GPTModel with its
+    # score head; same seed, same rollouts, so the same scores each step (float32)
+    pytest.importorskip("megatron.core")
+    model = ["reward_model.model.path=builtin:tiny-reward", "trainer.seed=7"]
+    _, fsdp = siirl_train(tmp_path / "fsdp", *model)
+    _, megatron = siirl_train(tmp_path / "megatron", *model, "reward_model.strategy=megatron")
+    for step in (1, 2):
+        for key in ("reward/rm/mean", "reward/rm/std", "critic/score/mean"):
+            assert megatron[step][key] == pytest.approx(fsdp[step][key], abs=1e-5), (step, key)
+
+
+def test_the_megatron_reward_model_at_tp_2_on_two_workers(tmp_path):
+    # the actor and the reward model on megatron, TP=2 over two gloo workers: the reward
+    # node's rows are gathered over the TP pair and scored like one fsdp worker scores them
+    pytest.importorskip("megatron.core")
+    model = ["reward_model.model.path=builtin:tiny-reward", "trainer.seed=7"]
+    _, one = siirl_train(tmp_path / "one", *model)
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    _, two = siirl_train(tmp_path / "two", *model, "reward_model.strategy=megatron",
+                         "actor_rollout_ref.actor.strategy=megatron",
+                         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                         "trainer.n_gpus_per_node=2", "trainer.ray_address=local",
+                         f"trainer.ray_temp_dir={ray_dir}",
+                         env={"RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""})
+    # (each worker's std is of its own rows: not compared)
+    for key in ("reward/rm/mean", "critic/score/mean"):
+        assert two[1][key] == pytest.approx(one[1][key], abs=1e-5), key
