@@ -16,6 +16,12 @@ applied by :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` like the den
   after the device-to-host copy, but copies (and converts) CUDA tensors only: a CPU tensor
   of split sizes, which ``all_to_all_single`` refuses, stays a tensor.
   :func:`_host_splits` converts host tensors the same way.
+* ``tensor_parallel.mappings`` (MoE with TP > 1: the alltoall dispatcher all-gathers the
+  tokens of the TP ranks, ``output_split_sizes``, and reduce-scatters them back,
+  ``input_split_sizes``, both uneven): gloo refuses an ``all_gather`` into tensors of
+  different sizes, so :class:`_UnevenGlooDistributed` gathers rows padded to the largest
+  split and keeps each rank's own rows, and reduce-scatters unevenly as an all-reduce of
+  the whole input keeping this rank's rows (the same sums).
 * ``moe_utils.RouterGatingLinearFunction`` tests ``te_general_gemm is not None``, a name that
   megatron-core 0.16 defines only when Transformer Engine imports (a NameError without TE, on
   any device): without TE it is None, so the router takes megatron's own ``torch.mm`` branch.
@@ -75,6 +81,48 @@ class _StreamlessTorch:
         return getattr(torch, name)
 
 
+class _UnevenGlooDistributed:
+    """``torch.distributed`` inside megatron's mappings: gloo's collectives, with uneven
+    ``all_gather`` / ``reduce_scatter`` splits done as even ones (see module doc)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.distributed, name)
+
+    @staticmethod
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        sizes = [t.shape[0] for t in tensor_list]
+        if len(set(sizes)) == 1:
+            return torch.distributed.all_gather(tensor_list, tensor, group=group,
+                                                async_op=async_op)
+        rows = max(sizes)
+        padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+        padded[:tensor.shape[0]] = tensor
+        gathered = [torch.empty_like(padded) for _ in tensor_list]
+        torch.distributed.all_gather(gathered, padded, group=group)
+        for out, got, size in zip(tensor_list, gathered, sizes, strict=True):
+            out.copy_(got[:size])
+        return None
+
+    @staticmethod
+    def reduce_scatter(output, input_list, op=torch.distributed.ReduceOp.SUM, group=None,
+                       async_op=False):
+        sizes = [t.shape[0] for t in input_list]
+        whole = torch.cat(input_list).contiguous()
+        torch.distributed.all_reduce(whole, op=op, group=group)
+        start = sum(sizes[:torch.distributed.get_rank(group)])
+        output.copy_(whole[start:start + output.shape[0]])
+        return None
+
+
+class _UnevenGlooTorch:
+    """``torch`` inside megatron's mappings: CPU_TORCH, with :class:`_UnevenGlooDistributed`."""
+
+    distributed = _UnevenGlooDistributed()
+
+    def __getattr__(self, name):
+        return getattr(CPU_TORCH, name)
+
+
 def _host_splits(tensor, as_numpy: bool = False, record_stream: bool = False):
     """``moe_utils.maybe_move_tensor_to_cpu`` for tensors already on the host: the same
     values, as numpy where megatron asks for numpy (``record_stream``: no stream here)."""
@@ -89,6 +137,7 @@ _MOE_MODULES = {
     "megatron.core.transformer.moe.experts": CPU_TORCH,
     "megatron.core.transformer.moe.moe_utils": CPU_TORCH_NO_CUDA_DEVICE,
     "megatron.core.transformer.moe.token_dispatcher": _StreamlessTorch(),
+    "megatron.core.tensor_parallel.mappings": _UnevenGlooTorch(),
 }
 
 
