@@ -183,6 +183,14 @@ def test_packed_rows_train_like_the_padded_fsdp_actor(tmp_path, fsdp_run):
                         "critic/score/mean"))
 
 
+def test_packed_rows_train_ppo_like_the_padded_fsdp_run(tmp_path, fsdp_ppo_run):
+    """use_remove_padding on the megatron actor, reference and critic (its value model on
+    the packed row's hidden states): PPO equals the padded fsdp run's."""
+    train(tmp_path, *PPO, *MEGATRON, "critic.strategy=megatron",
+          "actor_rollout_ref.model.use_remove_padding=true", "critic.model.use_remove_padding=true")
+    assert_close_steps(steps(tmp_path), fsdp_ppo_run, PPO_KEYS)
+
+
 @pytest.mark.parametrize("layout", [
     ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",

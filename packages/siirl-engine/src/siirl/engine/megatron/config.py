@@ -1,6 +1,6 @@
 """The ``megatron`` section of the megatron backend: its keys (verl's names and defaults),
 where it mounts, the key rules of its keys and of the role's keys a megatron role cannot
-honour (LoRA, the critic's packing, Ulysses). Registered as ``siirl.config: megatron``;
+honour (LoRA, Ulysses). Registered as ``siirl.config: megatron``;
 core mounts it (``siirl.params.sections``) and says, for a role on another strategy, that
 the section does not apply. Nothing heavy is imported here (megatron-core is not)."""
 
@@ -26,10 +26,6 @@ _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
 # engine: no rule may suggest it
 NO_CONTEXT_PARALLEL = ("context parallelism is not supported by this release (it needs "
                        "Transformer Engine's attention)")
-_NO_PACKING = (
-    "a megatron critic takes padded micro-batches: its value model reads the GPT stage's "
-    "hidden states row by row (the actor and reference pack, with a block-diagonal mask); "
-    "set critic.model.use_remove_padding=false, or critic.strategy=fsdp.")
 _ULYSSES = "ulysses_sequence_parallel_size"
 # verl's override_transformer_config keys siiRL applies: the MoE router's losses
 # (siirl.engine.megatron.router_loss); the others stay refused
@@ -147,8 +143,6 @@ def _role_keys(mount: Mount) -> List[Rule]:
     """The role's own keys a megatron role cannot honour."""
     if mount.role == "critic":
         return [
-            refused("critic.model.use_remove_padding", "not for a megatron critic yet",
-                    _NO_PACKING),
             refused(f"critic.{_ULYSSES}", "Ulysses runs on the fsdp strategy",
                     "Ulysses sequence parallelism splits sequences of the fsdp engines; a "
                     "megatron critic runs in the actor's megatron parallel state, whose "

@@ -185,7 +185,8 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
         module, optimizer, schedule_model=model,
         dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group,
         grad_clip=cfg.critic.grad_clip, grad_sync=grad_averager(module, group, dp, tp_group),
-        replicated={"value_head": module.value_head})
+        replicated={"value_head": module.value_head},
+        packing=bool(cfg.critic.model.use_remove_padding))
     return CriticEngine(backend, cfg, value_heads(module))
 
 

@@ -13,10 +13,16 @@ from siirl.engine.common.backend import Head
 from siirl.engine.critic.value_model import response_values
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.model import forward_logits
-from siirl.engine.megatron.packing import PACKED, packed_logprobs
+from siirl.engine.megatron.packing import (
+    PACKED,
+    SEGMENTS,
+    block_causal_mask,
+    packed_logprobs,
+)
 from siirl.engine.megatron.pipeline import logprob_head
 from siirl.engine.megatron.sequence_parallel import gather_sequence
 from siirl.engine.models.logprob import logprobs_from_logits
+from siirl.engine.models.packing import unpack
 
 
 def logprob_heads(response_length: int, temperature: float, calculate_entropy: bool) -> Head:
@@ -38,6 +44,12 @@ def value_heads(value_model: torch.nn.Module) -> Callable[[int], Head]:
 
     def heads(response_length: int) -> Head:
         def head(_stage: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+            if PACKED in batch:  # one packed row: megatron's block-diagonal mask goes as is
+                packed = batch[PACKED]
+                values = value_model(input_ids=batch[INPUT_IDS],
+                                     attention_mask=block_causal_mask(batch[SEGMENTS]),
+                                     position_ids=batch[POSITION_IDS])
+                return {"values": unpack(values[0, packed.sources], packed)}
             return {"values": response_values(value_model, batch[INPUT_IDS],
                                               batch[ATTENTION_MASK], batch[POSITION_IDS],
                                               response_length)}
@@ -70,7 +82,10 @@ class MegatronBackbone(torch.nn.Module):
         self._hidden = output
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        forward_logits(self._last, input_ids, position_ids, attention_mask)
+        if attention_mask.dim() == 4:  # megatron's own [B, 1, S, S] mask (packed rows)
+            self._last(input_ids, position_ids, attention_mask, runtime_gather_output=True)
+        else:
+            forward_logits(self._last, input_ids, position_ids, attention_mask)
         hidden, self._hidden = gather_sequence(self._hidden, self._last.config), None
         # megatron's [S, B, H] -> [B, S, H]; the fp32 value head reads bf16 states as fp32
         return hidden.transpose(0, 1).float()
