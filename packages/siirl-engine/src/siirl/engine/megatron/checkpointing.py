@@ -60,8 +60,9 @@ def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any,
     ``extra`` (lr schedule, update count) and the ``replicated`` modules once."""
     from megatron.core import dist_checkpointing
 
-    os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
+    os.makedirs(directory, exist_ok=True)
     if "model" in contents:
+        os.makedirs(os.path.join(directory, DIST_CKPT), exist_ok=True)
         dist_checkpointing.save(model.sharded_state_dict(), os.path.join(directory, DIST_CKPT))
     if "optimizer" in contents and _is_megatron_optimizer(optimizer):
         optimizer.save(directory, write_layout=torch.distributed.get_rank() == 0)

@@ -29,6 +29,7 @@ from siirl.engine.common.runtime import resolve_device
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, copy_into
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
+from siirl.engine.megatron import lora_setup
 from siirl.engine.megatron.backend import MegatronBackend
 from siirl.engine.megatron.heads import MegatronBackbone, logprob_heads, value_heads
 from siirl.engine.megatron.mixed_precision import (
@@ -134,14 +135,19 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                                  start, router)
     if start is not None:
         _refresh_hf_copy(hf_model, model, tp_group)
+    adapters = lora_setup.attach(cfg, model, hf_model.config)  # None without LoRA
     optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
                               tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
                               grad_sync=grad_sync, hf_module=hf_model,
-                              export_dtype=rollout_weight_dtype(cfg, dtype),
+                              export_dtype=rollout_weight_dtype(cfg, dtype), lora=adapters,
+                              merge_on_export=bool(cfg.actor_rollout_ref.model
+                                                   .lora_merge_on_export),
                               packing=bool(cfg.actor_rollout_ref.model.use_remove_padding))
+    # a LoRA actor's reference is its own stage with the adapters off: no initial copy
+    initial = copy.deepcopy(hf_model) if dp > 1 and adapters is None else None
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,
-                       initial_module=copy.deepcopy(hf_model) if dp > 1 else None)
+                       initial_module=initial)
 
 
 def megatron_reference(config: Any, worker: Any = None,
@@ -152,6 +158,10 @@ def megatron_reference(config: Any, worker: Any = None,
         return ReferenceEngine(cfg)
     init_megatron(cfg, run_seed(cfg))  # one parallel state per process: the actor's sizes
     rank, dp, _, _ = _parallel_groups()
+    if lora_setup.shares_actor_base(actor):  # frozen base weights = the initial policy
+        return ReferenceEngine(cfg, MegatronBackend(actor.backend.schedule_model, dp_rank=rank,
+                                                    dp_size=dp),
+                               lora_setup.without_adapters(logprob_heads))
     hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
     # its own checkpoint, else the actor's (the reference is the actor's initial policy)
     start = dist_checkpoint(cfg.actor_rollout_ref.ref.megatron, "actor_rollout_ref.ref.megatron") \
