@@ -1,14 +1,14 @@
 """Starting a megatron model from a megatron-core distributed checkpoint
 (``<role>.megatron.use_dist_checkpointing``), on CPU over gloo.
 
-One 2-rank spawn writes a checkpoint of a tiny HF model at TP=1 (two data-parallel
-replicas) and loads it at TP=1, TP=2 and PP=2; writes one at TP=2 and loads it at PP=2 and
-TP=1. At every layout the loaded stage's weights equal, bit for bit, those the bridge builds
-from the HF weights at that layout (so the log-probs are the HF build's), and where one
-process runs the whole model (TP=1, TP=2) the log-probs are compared too: equal to the HF
-build's within 1e-6 and to transformers' within float32 rounding. Llama's vocabulary (101)
-is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths, and a
-checkpoint of another architecture, give an error naming the key and the path.
+One 2-rank spawn writes a checkpoint of a tiny HF model at TP=1 (two data-parallel replicas)
+and loads it at TP=1, TP=2, PP=2 and PP=2 x VPP=2; writes one at TP=2 and loads it at PP=2
+and TP=1. At every layout the loaded stage's weights equal, bit for bit, those the bridge
+builds from the HF weights at that layout (so the log-probs are the HF build's), and where
+one process runs the whole model (TP=1, TP=2) the log-probs are compared too: equal to the
+HF build's within 1e-6 and to transformers' within float32 rounding. Llama's vocabulary
+(101) is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths, and
+a checkpoint of another architecture, give an error naming the key and the path.
 """
 
 from __future__ import annotations
@@ -68,15 +68,16 @@ def _assert_same_logprobs(loaded, built, hf, layout: str) -> None:
     assert_logprobs_close(got, ref, attention_mask, hf.config, layout)
 
 
-def _at(tp: int, pp: int, hf, path: str, save_to: str | None = None) -> None:
-    """Load ``path`` at TP x PP and compare with the HF build there; optionally save it."""
+def _at(tp: int, pp: int, hf, path: str, save_to: str | None = None, vpp: int = 1) -> None:
+    """Load ``path`` at TP x PP (x VPP chunks) and compare with the HF build there;
+    optionally save it."""
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.dist_checkpoint import save_model
 
-    init_megatron(tp=tp, pp=pp)
+    init_megatron(tp=tp, pp=pp, vpp=vpp)
     built, loaded = _build(hf), _build(hf, path)
-    layout = f"{os.path.basename(path)} loaded at TP={tp} PP={pp}"
+    layout = f"{os.path.basename(path)} loaded at TP={tp} PP={pp} VPP={vpp}"
     _assert_same_weights(loaded, built, layout)
     if pp == 1:
         _assert_same_logprobs(loaded, built, hf, layout)
@@ -108,6 +109,7 @@ def rank_main(rank: int, world_size: int, port: int, root: str) -> None:
         _at(2, 1, hf, tp1, save_to=tp2)
         _at(1, 2, hf, tp1)
         _at(1, 2, hf, tp2)
+        _at(1, 2, hf, tp1, vpp=2)  # two chunks of one layer per rank
         _at(1, 1, hf, tp2)
     init_megatron(tp=1, pp=1)  # another architecture's checkpoint: Qwen2's qkv bias, tied
     with pytest.raises(ConfigError, match=f"{KEY}.dist_checkpointing_path=.* does not fit"):
