@@ -82,7 +82,7 @@ def test_megatron_lora_grpo_checkpoints_peft_adapters_and_resumes_exactly(tmp_pa
     resumed run repeats step 2 bitwise."""
     megatron = ["actor_rollout_ref.actor.strategy=megatron"]
     straight = tmp_path / "straight"
-    siirl_train(straight, *megatron)
+    siirl_train(straight, *megatron, "actor_rollout_ref.model.lora_merge_on_export=true")
     steps = training(straight)
     assert sorted(steps) == [1, 2] and steps[1]["actor/kl_loss"] == 0.0
     assert steps[2]["actor/kl_loss"] > 0 and steps[1]["actor/grad_norm"] > 0
@@ -97,6 +97,9 @@ def test_megatron_lora_grpo_checkpoints_peft_adapters_and_resumes_exactly(tmp_pa
     assert names and all(n.startswith("base_model.model.model.layers.") and
                          (".lora_A." in n or ".lora_B." in n) for n in names)
     assert json.loads((actor / "adapter_config.json").read_text())["r"] == 8
+    export = actor / "huggingface"
+    assert (export / "adapter_model.safetensors").exists()
+    assert (export / "merged" / "model.safetensors").exists()  # W + s*B@A, a plain HF folder
 
     resumed = tmp_path / "resumed"
     siirl_train(resumed, *megatron, f"trainer.resume_from_path={straight / 'global_step_1'}",
