@@ -24,6 +24,54 @@ from test_megatron_dynamic_batch import LENGTH, RESPONSE, ROWS, _batch, _run  # 
 from siirl_numerics import assert_close, rounding, scale_of, transformer_terms  # noqa: E402
 
 
+def _values(backend, data, response_mask, tp_group):
+    """The critic's forward-only values, then the gradients of a masked value sum."""
+    from siirl.engine.megatron.heads import value_heads
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
+
+    head = value_heads(backend.module)(RESPONSE)
+    values = backend.forward_backward_batch(data, 2, head, forward_only=True)["values"]
+
+    def loss_fn(part, outputs):
+        mask = part["attention_mask"][:, -RESPONSE:].float()
+        return (outputs["values"] * mask).sum() / response_mask.sum()
+
+    backend.module.zero_grad(set_to_none=True)
+    backend.forward_backward_batch(data, 2, head, loss_fn)
+    sum_sequence_parallel_grads(backend.module, tp_group)
+    # at PP 2 the value head sits on the last stage: the first's copy gets no gradient
+    return values, {name: param.grad.detach().clone()
+                    for name, param in backend.module.named_parameters()
+                    if param.grad is not None}
+
+
+def _check_values(model, config, data, response_mask, tp_group, rank):
+    """A megatron critic: its value head on the packed row's hidden states."""
+    from siirl.engine.critic.value_model import ValueModel
+    from siirl.engine.megatron.backend import MegatronBackend
+    from siirl.engine.megatron.heads import MegatronBackbone
+
+    critic = ValueModel(MegatronBackbone(model), config.hidden_size, seed=0)
+    padded = _values(MegatronBackend(critic, schedule_model=model), data, response_mask,
+                     tp_group)
+    packed = _values(MegatronBackend(critic, schedule_model=model, packing=True), data,
+                     response_mask, tp_group)
+    assert bool((packed[0][~response_mask] == 0).all())
+    want = padded[0] * response_mask
+    terms = transformer_terms(config, LENGTH)
+    assert_close(packed[0], want, rounding(torch.float32, terms, scale_of(want), want.numel()),
+                 "packed values")
+    worst = (packed[0] - want).abs().max().item()
+    back = transformer_terms(config, LENGTH, backward=True, tokens=ROWS * LENGTH)
+    assert packed[1].keys() == padded[1].keys()
+    for name, grad in padded[1].items():
+        assert_close(packed[1][name], grad,
+                     rounding(torch.float32, back, scale_of(grad), grad.numel()),
+                     f"critic {name} gradient of packed rows")
+        worst = max(worst, (packed[1][name] - grad).abs().max().item())
+    print(f"rank {rank}: critic max |packed - padded| = {worst:.3g}", flush=True)
+
+
 def rank_main(rank: int, world_size: int, port: int, tp: int) -> None:
     import datetime
     import warnings
@@ -63,6 +111,7 @@ def rank_main(rank: int, world_size: int, port: int, tp: int) -> None:
                      f"{name} gradient of packed rows")
         worst = max(worst, (packed[1][name] - grad).abs().max().item())
     print(f"rank {rank}: max |packed - padded| with gradients = {worst:.3g}", flush=True)
+    _check_values(model, hf.config, data, response_mask, tp_group, rank)
     parallel_state.destroy_model_parallel()
     finish_rank()  # a failing rank raises instead
 
