@@ -80,3 +80,14 @@ def test_router_overrides_are_checked_where_the_model_is_known():
         router_overrides({"moe_router_load_balancing_type": "sinkhorn"}, True, key)
     with pytest.raises(ConfigError, match="apply_rope_fusion"):
         router_overrides({"apply_rope_fusion": True}, True, key)
+
+
+@pytest.mark.parametrize("key,value", [(f"{ACTOR}.router_replay.mode", "R3"),
+                                       ("actor_rollout_ref.ref.router_replay.mode", "R2"),
+                                       ("actor_rollout_ref.rollout.enable_rollout_routing_replay",
+                                        "true")])
+def test_router_replay_is_refused_with_the_reason(key, value):
+    """verl's router replay keys are known and refused (no rollout here reports routing)."""
+    text = _refusal([f"{key}={value}"])
+    assert key in text and "router replay" in text and "do not report the experts" in text, text
+    parse_config([f"{ACTOR}.router_replay.mode=disabled"], validate=True)

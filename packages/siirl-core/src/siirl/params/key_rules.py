@@ -105,6 +105,14 @@ RULES: Tuple[Rule, ...] = (
             "actor_rollout_ref.model.lora_merge_on_export"), "no effect without LoRA",
            "LoRA settings only act with actor_rollout_ref.model.lora_rank > 0.",
            lambda config, key: not (get(config, "actor_rollout_ref.model.lora_rank") or 0) > 0),
+    refused(("actor_rollout_ref.actor.router_replay.*", "actor_rollout_ref.ref.router_replay.*",
+             "actor_rollout_ref.rollout.enable_rollout_routing_replay"),
+            "router replay is not implemented",
+            "router replay (an MoE model's expert choices recorded and replayed in the "
+            "training forward) is not implemented: the vllm and sglang rollouts of this "
+            "release do not report the experts they route to, and neither the hf rollout nor "
+            "the megatron actor records or replays them (megatron-core's RouterReplay is not "
+            "wired); the training forward routes every token afresh. Leave mode=disabled."),
     refused("critic.model.lora_rank", "LoRA is built for the actor only",
             "the critic trains all its weights; LoRA adapters are built for the actor "
             "(actor_rollout_ref.model.lora_rank) only: keep critic.model.lora_rank=0."),

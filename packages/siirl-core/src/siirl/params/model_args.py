@@ -105,6 +105,16 @@ class PolicyLossArguments:
 
 
 @dataclass
+class RouterReplayArguments:
+    """verl's MoE router replay (R2: the trainer's recorded routing, R3: the rollout's);
+    refused unless disabled (siirl.params.key_rules says why)."""
+
+    mode: str = "disabled"
+    record_file: str | None = None
+    replay_file: str | None = None
+
+
+@dataclass
 class ActorArguments:
     """Actor training: PPO batch sizes, clipping, KL/entropy loss, optimizer, sharding."""
 
@@ -152,6 +162,7 @@ class ActorArguments:
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     checkpoint: CheckpointArguments = field(default_factory=CheckpointArguments)
+    router_replay: RouterReplayArguments = field(default_factory=RouterReplayArguments)
     # Main-job default (200k-parameter built-in model); verl's is 1e-6 for billions.
     optim: OptimArguments = field(default_factory=lambda: OptimArguments(lr=2e-4))
 
@@ -171,6 +182,7 @@ class RefArguments:
     )
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
+    router_replay: RouterReplayArguments = field(default_factory=RouterReplayArguments)
 
 
 @dataclass
@@ -223,6 +235,7 @@ class RolloutArguments:
     do_sample: bool = True
     n: int = field(default=8, metadata={"help": "Responses sampled per prompt (group size)."})
     calculate_log_probs: bool = False
+    enable_rollout_routing_replay: bool = False  # verl's R3; refused (key_rules)
     update_weights_bucket_megabytes: int = 512
     model_update_frequency: int = field(
         default=1,
