@@ -47,6 +47,10 @@ CONTEXTS = {
                          "actor_rollout_ref.actor.megatron.dtype=float16",
                          "actor_rollout_ref.ref.megatron.dtype=float16",
                          "critic.megatron.dtype=float16"],
+    "megatron LoRA, sequence parallel": [
+        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+        "actor_rollout_ref.model.lora_rank=8"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],
