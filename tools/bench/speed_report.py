@@ -234,10 +234,35 @@ def megatron_bf16_section() -> list:
                   ["curve", "max abs(bf16 - fp32)", "at step"], lines, [_source(result)])
 
 
+def megatron_backends_section() -> list:
+    result = _load("megatron")
+    if not result:
+        return []
+    lines = []
+    for model, cases in result["results"].items():
+        ratios = result["megatron_over_fsdp"].get(model, {})
+        for case in (c for c in cases if "error" not in c):
+            r = ratios.get(case["dtype"], {}) if case["backend"] == "megatron" else {}
+            ratio = f"**{r['tokens_per_s']:.2f}x** / {r['peak_rss_mb']:.2f}x" if r else ""
+            lines.append(f"| {model} | {case['dtype']} | {case['backend']} | "
+                         f"{case['tokens_per_s']:.0f} | {case['peak_rss_mb']:.0f} MB | {ratio} |")
+    models = "; ".join(f"{k}: {v}" for k, v in result["models"].items())
+    return _table("**Megatron vs FSDP actor update** (`tools/bench/megatron.py`: " + models
+                  + "; " + result["batch"] + f"; median of {result['repeats']} updates after "
+                  f"{result['warmup']} warm-up, each case in a fresh process with "
+                  f"{result['threads']} torch thread(s); memory: "
+                  + result["memory"] + "; this machine is shared with other jobs):",
+                  ["model", "dtype", "backend", "tokens/s", "peak memory",
+                   "megatron / fsdp (tokens/s / memory)"], lines,
+                  ["bf16: megatron `megatron.dtype=bfloat16` (bf16 weights, fp32 main weights "
+                   "in the optimizer); fsdp `fsdp_config.model_dtype=bfloat16` (fp32 weights, "
+                   "bf16 autocast).", _source(result)])
+
+
 SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
                   databuffer_section,
                   scaling_section, cluster_traffic_section, packing_section,
-                  lora_memory_section, megatron_bf16_section]
+                  lora_memory_section, megatron_bf16_section, megatron_backends_section]
 
 
 def render(sections: list = SECTIONS) -> str:
