@@ -1,9 +1,12 @@
 """Check the megatron engine on a CUDA machine: weight-bridge round trip, log-prob parity
 with Hugging Face, and GRPO steps with ``strategy=megatron`` in fp32 and in bf16
 (``megatron.dtype=bfloat16``: megatron's mixed-precision distributed optimizer on CUDA)
-(tokens/s, model FLOPs use).
+(tokens/s, model FLOPs use); then the same in bf16 for a mixture-of-experts model (a random
+Mixtral, 4 experts, top-2, EP 1 on one GPU): bridge round trip, bf16 log-probs against the
+HF model's fp32 ones within bf16 rounding, GRPO steps with finite losses and tokens/s.
 
-    python tools/gpu/check_megatron.py [--steps 6] [--out megatron_gpu.json]
+    python tools/gpu/check_megatron.py [--steps 6] [--batch 64] [--out megatron_gpu.json]
+    python tools/gpu/check_megatron.py --cpu --steps 2 --batch 8   # dry run on the CPU
 
 The same checks run on CPU in CI (tests/engine/megatron/); this script runs them on CUDA
 with NCCL, where megatron-core's own kernels and code paths are used (the CPU adapters
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,20 +74,83 @@ def parity_checks(device: torch.device) -> dict:
     return out
 
 
+def bf16_tolerance(config, scale: float) -> float:
+    """Largest log-prob difference bf16 rounding explains in the worst case: bf16's unit
+    roundoff (half its epsilon) per rounding on a value's path (21 per decoder layer: each
+    weight met and each op output, plus 5 outside the layers), times the values' scale."""
+    roundings = int(config.num_hidden_layers) * 21 + 5
+    return torch.finfo(torch.bfloat16).eps / 2 * roundings * max(scale, 1.0)
+
+
+def save_tiny_moe(directory: Path) -> Path:
+    """A random Mixtral (4 experts, top-2) with the built-in tokenizer, in ``directory``."""
+    import shutil
+
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from siirl.engine.models.loader import tiny_arith_dir
+
+    source = Path(tiny_arith_dir())
+    vocab = json.loads((source / "config.json").read_text())
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(
+        hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, num_local_experts=4,
+        num_experts_per_tok=2, tie_word_embeddings=False,
+        **{k: vocab[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}))
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(source / name, directory / name)
+    return directory
+
+
+def moe_parity(model_dir: Path, device: torch.device) -> dict:
+    """Bridge round trip of the MoE model, and its bf16 megatron log-probs against the HF
+    model's fp32 ones (megatron's parallel state is the one parity_checks initialised)."""
+    from transformers import AutoModelForCausalLM
+
+    from siirl.engine.megatron.bridge import hf_to_megatron, megatron_to_hf
+    from siirl.engine.megatron_workers import build_megatron_model, megatron_logprobs
+    from siirl.engine.models.logprob import response_logprobs
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    state = dict(hf.state_dict())
+    back = megatron_to_hf([hf_to_megatron(state, hf.config, 0, 1, 0, 1)], hf.config)
+    exact = set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in back)
+    hf = hf.to(device)
+    model = build_megatron_model(hf, device, False, torch.bfloat16).eval()
+    torch.manual_seed(1)
+    ids = torch.randint(3, hf.config.vocab_size, (4, 24), device=device)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # a left-padded row
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want, _ = response_logprobs(hf, ids, mask, pos, 8)
+        got, _ = megatron_logprobs(model, ids, mask, pos, 8)
+    diff = (want.float() - got.float()).abs()
+    return {"round_trip_bit_exact": exact, "logprob_max_abs_diff": float(diff.max()),
+            "logprob_mean_abs_diff": float(diff.mean()), "finite": bool(got.isfinite().all()),
+            "tolerance": bf16_tolerance(hf.config, float(want.abs().max()))}
+
+
 # bf16 weights and compute with fp32 main weights in megatron's distributed optimizer
 BF16 = ("actor_rollout_ref.actor.megatron.dtype=bfloat16",
         "actor_rollout_ref.ref.megatron.dtype=bfloat16")
 
 
-def grpo_steps(steps: int, device: str, overrides: tuple = ()) -> dict:
-    exe = Path(sys.executable).parent / "siirl-train"
+def grpo_steps(steps: int, device: str, overrides: tuple = (), model_path=None,
+               batch: int = 64) -> dict:
+    # `python -m` (not the venv's siirl-train script): the GPU image installs the packages
+    # into its own Python, without a venv
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [str(exe), "actor_rollout_ref.actor.strategy=megatron", f"trainer.device={device}",
+        cmd = [sys.executable, "-m", "siirl.main_dag", "actor_rollout_ref.actor.strategy=megatron",
+               f"trainer.device={device}",
                f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
                "trainer.val_before_train=false", "trainer.save_freq=-1",
-               "trainer.logger=[console]", "data.train_batch_size=64",
-               "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-               f"trainer.default_local_dir={run_dir}", *overrides]
+               "trainer.logger=[console]", f"data.train_batch_size={batch}",
+               f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+               f"trainer.default_local_dir={run_dir}", *overrides,
+               *([f"actor_rollout_ref.model.path={model_path}"] if model_path else [])]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode:
@@ -91,10 +158,15 @@ def grpo_steps(steps: int, device: str, overrides: tuple = ()) -> dict:
         records = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
     train = [r for r in records if "perf/actor_tokens_per_s" in r][1:]  # skip warm-up
     tokens_per_s = sum(r["perf/actor_tokens_per_s"] for r in train) / max(len(train), 1)
+    from transformers import AutoModelForCausalLM
+
     from siirl.engine.models.loader import load_model_and_tokenizer
     from siirl.execution.device import model_flops_use
 
-    params = sum(p.numel() for p in load_model_and_tokenizer(None)[0].parameters())
+    model = (AutoModelForCausalLM.from_pretrained(model_path) if model_path
+             else load_model_and_tokenizer(None)[0])
+    # an MoE token meets only its top-k experts: FLOPs count the parameters it uses
+    params = sum(p.numel() for p in model.parameters()) - _unused_expert_params(model.config)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     flops = 6.0 * params * tokens_per_s  # forward + backward of the update
     return {"steps": steps, "wall_s": time.perf_counter() - start,
@@ -103,13 +175,28 @@ def grpo_steps(steps: int, device: str, overrides: tuple = ()) -> dict:
             # against the dtype's dense peak; None where no peak is known
             "mfu": model_flops_use(flops, name, "bf16" if BF16[0] in overrides else "fp32"),
             "critic/score/mean": [r.get("critic/score/mean") for r in records
-                                  if "critic/score/mean" in r]}
+                                  if "critic/score/mean" in r],
+            "losses_finite": all(math.isfinite(r[k]) for r in records for k in LOSSES if k in r)
+            and any(k in r for r in records for k in LOSSES)}
+
+
+LOSSES = ("actor/pg_loss", "actor/grad_norm")
+
+
+def _unused_expert_params(config) -> int:
+    """Parameters of the experts a token does not visit (0 for a dense model)."""
+    experts = getattr(config, "num_local_experts", None)
+    if not experts:
+        return 0
+    per_expert = 3 * config.hidden_size * config.intermediate_size
+    return (experts - config.num_experts_per_tok) * per_expert * config.num_hidden_layers
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default="megatron_gpu.json")
+    parser.add_argument("--batch", type=int, default=64, help="prompts per GRPO step")
     parser.add_argument("--cpu", action="store_true",
                         help="dry run of this script on the CPU (no GPU figures)")
     args = parser.parse_args(argv)
@@ -125,26 +212,47 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d"),
               "device": "cpu" if args.cpu else torch.cuda.get_device_name(),
               "torch": torch.__version__, "megatron_core": megatron.core.__version__,
-              "parity": parity_checks(torch.device(device)),
-              "grpo": grpo_steps(args.steps, device),
-              "grpo_bf16": grpo_steps(args.steps, device, BF16)}
+              "parity": parity_checks(torch.device(device))}
+    with tempfile.TemporaryDirectory() as tmp:
+        moe_dir = save_tiny_moe(Path(tmp) / "tiny_mixtral")
+        report["moe_parity_bf16"] = moe_parity(moe_dir, torch.device(device))
+        report.update(grpo=grpo_steps(args.steps, device, batch=args.batch),
+                      grpo_bf16=grpo_steps(args.steps, device, BF16, batch=args.batch),
+                      grpo_moe_bf16=grpo_steps(args.steps, device, BF16, moe_dir, args.batch))
     print(f"{'check':<34}{'result':>20}")
     for name, result in report["parity"].items():
         print(f"{name + ' round trip bit-exact':<34}{str(result['round_trip_bit_exact']):>20}")
         print(f"{name + ' log-prob max |diff|':<34}{result['logprob_max_abs_diff']:>20.3g}")
-    for key, label in (("grpo", "GRPO"), ("grpo_bf16", "GRPO bf16")):
+    moe = report["moe_parity_bf16"]
+    print(f"{'moe round trip bit-exact':<34}{str(moe['round_trip_bit_exact']):>20}")
+    print(f"{'moe bf16 log-prob max |diff|':<34}{moe['logprob_max_abs_diff']:>20.3g}")
+    print(f"{'  (bf16 tolerance)':<34}{moe['tolerance']:>20.3g}")
+    for key, label in GRPO_RUNS:
         grpo = report[key]
         if "error" in grpo:
             print(f"{label} steps failed: {grpo['error']}")
             continue
+        print(f"{label + ' losses finite':<34}{str(grpo['losses_finite']):>20}")
         print(f"{label + ' actor tokens/s':<34}{grpo['actor_tokens_per_s']:>20.0f}")
         mfu = format_mfu(grpo["mfu"], grpo["device_name"])
         print(f"{label + ' model FLOPs use':<34}{mfu:>20}")  # against its dtype's peak
     Path(args.out).write_text(json.dumps(report, indent=1))
-    ok = all(r["round_trip_bit_exact"] and r["logprob_max_abs_diff"] < 1e-5
-             for r in report["parity"].values()) and "error" not in report["grpo"] and \
-        "error" not in report["grpo_bf16"]
-    return 0 if ok else 1
+    return 0 if passed(report) else 1
+
+
+GRPO_RUNS = (("grpo", "GRPO"), ("grpo_bf16", "GRPO bf16"), ("grpo_moe_bf16", "GRPO MoE bf16"))
+
+
+def passed(report: dict) -> bool:
+    """fp32 parity within 1e-5, the MoE's bf16 parity within bf16 rounding, every GRPO run
+    finished with finite losses."""
+    moe = report["moe_parity_bf16"]
+    return (all(r["round_trip_bit_exact"] and r["logprob_max_abs_diff"] < 1e-5
+                for r in report["parity"].values())
+            and moe["round_trip_bit_exact"] and moe["finite"]
+            and moe["logprob_max_abs_diff"] <= moe["tolerance"]
+            and all("error" not in report[k] and report[k]["losses_finite"]
+                    for k, _ in GRPO_RUNS))
 
 
 if __name__ == "__main__":
