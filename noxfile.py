@@ -1,6 +1,6 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
-``nox -s reliability``, ``nox -s parity``, ``nox -s launch_scripts``, ``nox -s mutmut``,
-``nox -s embodied_sim``."""
+``nox -s reliability``, ``nox -s parity``, ``nox -s launch_scripts``, ``nox -s megatron``,
+``nox -s mutmut``, ``nox -s embodied_sim``."""
 
 import nox
 
@@ -75,6 +75,21 @@ def launch_scripts(session: nox.Session) -> None:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", "tests/e2e/test_launch_scripts.py",
                 *session.posargs, env={"SIIRL_LAUNCH_SCRIPTS": "all"})
+
+
+@nox.session
+def megatron(session: nox.Session) -> None:
+    """The megatron backend's tests with its multi-worker runs (bf16 TP 2 and the plain
+    optimizer's bf16 resume, starting from a distributed checkpoint at another layout and
+    for every role, TP 2 x EP 2 on four workers, LoRA and the reward model at TP 2 on two
+    workers); the default ``pytest`` runs the rest of each file (tests/siirl_suites.py)."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package + ("[megatron]" if package.endswith("engine") else ""))
+    session.run("python", "-m", "pytest", "-q", "tests/engine/megatron",
+                "tests/e2e/test_lora_grpo.py", "tests/e2e/test_reward_model.py",
+                *session.posargs, env={"SIIRL_MEGATRON": "all"})
 
 
 @nox.session

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from siirl_suites import megatron_full
+
 pytest.importorskip("peft", reason='peft is not installed: pip install "siirl-engine[lora]"')
 
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
@@ -112,6 +114,7 @@ def test_megatron_lora_grpo_checkpoints_peft_adapters_and_resumes_exactly(tmp_pa
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                     reason='megatron-core is not installed: pip install "siirl-engine[megatron]"')
+@megatron_full
 def test_megatron_lora_tensor_parallel_2_trains_like_one_worker(tmp_path):
     """TP=2 on two Ray CPU workers (adapters split like the base weights) gives the losses and
     grad norms of TP=1 within float32 rounding over the steps."""

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from siirl_suites import megatron_full
+
 SMALL = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8",
          "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
          "trainer.logger=[]", "trainer.val_before_train=false", "trainer.test_freq=-1",
@@ -80,6 +82,7 @@ def test_the_megatron_reward_model_scores_like_the_fsdp_one(tmp_path):
             assert megatron[step][key] == pytest.approx(fsdp[step][key], abs=1e-5), (step, key)
 
 
+@megatron_full
 def test_the_megatron_reward_model_at_tp_2_on_two_workers(tmp_path):
     # the actor and the reward model on megatron, TP=2 over two gloo workers: the reward
     # node's rows are gathered over the TP pair and scored like one fsdp worker scores them

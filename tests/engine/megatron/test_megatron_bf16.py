@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from siirl_numerics import assert_close, rounding, scale_of
 from siirl_spawn import finish_rank, join_spawned
+from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
 
@@ -188,7 +189,8 @@ RESUMED_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entr
                 "critic/vf_loss", "critic/grad_norm", "critic/score/mean")
 
 
-@pytest.mark.parametrize("distributed", [True, False], ids=["dist-optimizer", "plain"])
+@pytest.mark.parametrize("distributed", [
+    pytest.param(True, id="dist-optimizer"), pytest.param(False, id="plain", marks=megatron_full)])
 def test_bf16_ppo_resumes_bitwise(tmp_path, distributed):
     """PPO with actor, reference and critic in bf16: steps 3 and 4 after a resume from
     step 2's checkpoint (bf16 weights, the fp32 main weights and Adam state of the actor's
@@ -228,6 +230,7 @@ def main_job_policy():
     return model
 
 
+@megatron_full
 def test_bf16_tensor_parallel_2_on_two_cpu_workers(tmp_path):
     """Two Ray CPU workers form one TP group in bf16: the run trains (finite loss and grad
     norm every step), its TP 2 checkpoint holds the distributed optimizer's state, and the

@@ -20,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from siirl_spawn import finish_rank, join_spawned
+from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
 
@@ -137,6 +138,7 @@ def test_a_bad_path_names_the_key_and_the_path(path, said, tmp_path):
         assert repr(path) in str(err.value)
 
 
+@megatron_full
 def test_a_run_starts_from_a_checkpoint_at_another_layout(tmp_path):
     """The weights of a 2-step megatron run (TP=1, one worker) start a new run at TP=2 on two
     Ray workers through use_dist_checkpointing, with model.path still the untrained built-in
@@ -179,6 +181,7 @@ def test_use_dist_checkpointing_without_a_path_is_refused_and_with_one_accepted(
     assert section.use_dist_checkpointing and section.dist_checkpointing_path == str(tmp_path)
 
 
+@megatron_full
 def test_ppo_with_every_role_from_the_tool_checkpoint_trains_like_from_hf(tmp_path):
     """tools/megatron_dist_checkpoint.py converts the built-in model; PPO with the actor,
     the reference (KL loss) and the critic (its transformer; the value head starts from its

@@ -15,6 +15,8 @@ scores.
 import pytest
 import torch
 
+from siirl_suites import megatron_full
+
 pytest.importorskip("megatron.core")
 
 from test_megatron_bridge import gloo_world_of_one, left_padded_batch  # noqa: E402,F401
@@ -133,6 +135,7 @@ def test_trained_hf_export_scores_what_the_megatron_model_scores(ep2_run):
 
 
 @pytest.mark.slow
+@megatron_full
 def test_tp_2_by_ep_2_on_four_cpu_workers_trains_like_ep_1(tmp_path, common, megatron_ep1_run):
     """Four workers: TP 2 (with sequence parallelism, which megatron's MoE layer needs under
     TP) x 2 data-parallel ranks, the experts split over EP 2 (and over TP inside each
