@@ -4,7 +4,7 @@ frozen base weights are the initial policy, so no second model is built)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -15,6 +15,7 @@ from siirl.engine.megatron.lora import (
     add_adapters,
     settings_of,
 )
+from siirl.engine.models import lora
 from siirl.engine.models.lora import lora_enabled
 
 
@@ -37,15 +38,4 @@ def shares_actor_base(actor: Any) -> bool:
 
 def without_adapters(heads: Callable[..., Any]) -> Callable[..., Any]:
     """A head factory whose heads run the stage with its adapters off."""
-    from siirl.engine.common.backend import Head
-
-    def factory(*args: Any, **kwargs: Any) -> Head:
-        head = heads(*args, **kwargs)
-
-        def fn(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            with adapters_disabled(module):
-                return head.fn(module, micro)
-
-        return Head(fn, head.outputs)
-
-    return factory
+    return lora.without_adapters(heads, disabled=adapters_disabled)

@@ -110,15 +110,18 @@ def adapters_disabled(module: torch.nn.Module) -> Any:
     return module.disable_adapter() if is_lora(module) else contextlib.nullcontext()
 
 
-def without_adapters(heads: Callable[..., Any]) -> Callable[..., Any]:
-    """A head factory (``logprob_heads(...)``) whose heads run with the adapters off."""
+def without_adapters(heads: Callable[..., Any],
+                     disabled: Callable[[torch.nn.Module], Any] = adapters_disabled
+                     ) -> Callable[..., Any]:
+    """A head factory (``logprob_heads(...)``) whose heads run with the adapters off;
+    ``disabled(module)``: the context that switches them off (peft's; a backend's own)."""
     from siirl.engine.common.backend import Head
 
     def factory(*args: Any, **kwargs: Any) -> Head:
         head = heads(*args, **kwargs)
 
         def fn(module: torch.nn.Module, micro: Any) -> Dict[str, Any]:
-            with adapters_disabled(module):
+            with disabled(module):
                 return head.fn(module, micro)
 
         return Head(fn, head.outputs)
