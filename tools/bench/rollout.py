@@ -81,11 +81,14 @@ def setup(run_dir: str, args, overrides: list):
     from siirl.engine.rollout.hf_rollout import HFRollout
     from siirl.engine.rollout.vllm_rollout import VLLMRollout
     from siirl.params.parser import parse_config
+    from siirl.params.typed import to_typed
 
     sized = [f"data.train_batch_size={args.prompts}",
              f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}"] \
         if args.prompts else []
-    config = parse_config([f"trainer.default_local_dir={run_dir}", *FIXED, *sized, *overrides])
+    # typed once, as the launcher hands it on
+    config = to_typed(parse_config(
+        [f"trainer.default_local_dir={run_dir}", *FIXED, *sized, *overrides]))
     configure_threads(config)
     seed_everything(int(config.trainer.seed))
     actor = fsdp_actor(config)

@@ -37,6 +37,7 @@ def setup(run_dir: str, args, overrides: list):
     from siirl.engine.models.loader import load_model_and_tokenizer
     from siirl.engine.rollout.hf_rollout import HFRollout
     from siirl.params.parser import parse_config
+    from siirl.params.typed import to_typed
 
     base = parse_config([f"trainer.default_local_dir={run_dir}", *overrides])
     n = args.n or int(base.actor_rollout_ref.rollout.n)
@@ -47,7 +48,8 @@ def setup(run_dir: str, args, overrides: list):
              f"actor_rollout_ref.actor.ppo_mini_batch_size={rows // n}"]
     if args.new_tokens:
         sized.append(f"data.max_response_length={args.new_tokens}")
-    config = parse_config([f"trainer.default_local_dir={run_dir}", *overrides, *sized])
+    # typed once, as the launcher hands it on
+    config = to_typed(parse_config([f"trainer.default_local_dir={run_dir}", *overrides, *sized]))
     configure_threads(config)
     seed_everything(int(config.trainer.seed))
     model, tokenizer = load_model_and_tokenizer(config.actor_rollout_ref.model)

@@ -247,7 +247,7 @@ def megatron_backends_section() -> list:
             lines.append(f"| {model} | {case['dtype']} | {case['backend']} | "
                          f"{case['tokens_per_s']:.0f} | {case['peak_rss_mb']:.0f} MB | {ratio} |")
     models = "; ".join(f"{k}: {v}" for k, v in result["models"].items())
-    return _table("**Megatron vs FSDP actor update** (`tools/bench/megatron.py`: " + models
+    return _table("**Megatron vs FSDP actor update** (`tools/bench/megatron_vs_fsdp.py`: " + models
                   + "; " + result["batch"] + f"; median of {result['repeats']} updates after "
                   f"{result['warmup']} warm-up, each case in a fresh process with "
                   f"{result['threads']} torch thread(s); memory: "

@@ -1,7 +1,7 @@
 """The actor update under ``strategy=megatron`` against ``strategy=fsdp``: same model, same
 batch, tokens/s and peak memory, fp32 and bf16, a dense and a mixture-of-experts model.
 
-    python tools/bench/megatron.py [--repeats 5] [--warmup 1] [--threads 1] \
+    python tools/bench/megatron_vs_fsdp.py [--repeats 5] [--warmup 1] [--threads 1] \
         [--out docs/bench/megatron.json]
 
 Each case runs in a fresh process (megatron's parallel state is one per process, and the
