@@ -18,6 +18,8 @@ what only a GPU has:
    1-worker run's metrics.
 
 Prints one line per check and writes JSON; exits 1 when a check fails, 2 without CUDA.
+``--cpu`` dry-runs the script on the CPU (gloo, nothing offloaded: the "offloaded" runs are
+resident there, so only the comparisons, the checkpoint and the resume are checked).
 """
 
 from __future__ import annotations
@@ -82,7 +84,15 @@ def full_weights_of(engine) -> dict:
     return out
 
 
-def engine_check(workdir: Path) -> dict:
+def on_device(overrides: list, device: str) -> list:
+    """The overrides for ``device``: on the CPU (dry run) nothing is offloaded."""
+    if device == "cuda":
+        return list(overrides)
+    return [f"trainer.device={device}" if o.startswith("trainer.device=") else o
+            for o in overrides if "_offload=" not in o]
+
+
+def engine_check(workdir: Path, device: str = "cuda") -> dict:
     """An offloaded and a resident actor (both FSDP2 over one NCCL rank), same update."""
     import torch.distributed as dist
 
@@ -90,29 +100,33 @@ def engine_check(workdir: Path) -> dict:
     from siirl.execution.scheduler.process_group_manager import free_port
     from siirl.params.parser import parse_config
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         result = {}
         for name, extra in (("resident", ["actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"]),
                             ("offloaded", ["actor_rollout_ref.actor.fsdp_config."
                                            "param_offload=true"])):
-            torch.cuda.reset_peak_memory_stats()
-            engine = fsdp_actor(parse_config(ACTOR + extra))
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            extra = on_device(ACTOR + extra, device)
+            engine = fsdp_actor(parse_config(extra))
             devices = {p.to_local().device.type if hasattr(p, "to_local") else p.device.type
                        for p in engine.module.parameters()}
             batch = engine.compute_log_prob(rows()).batch
             metrics = engine.update_policy(batch).metrics
             result[name] = {"param_devices": sorted(devices),
                             "backend_device": str(engine.backend.device),
-                            "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
+                            "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20
+                            if device == "cuda" else None,
                             "metrics": {k: v for k, v in metrics.items()
                                         if not k.startswith("perf/")},
                             "weights": full_weights_of(engine)}
             if name == "offloaded":
                 engine.save_checkpoint(str(workdir / "ckpt"))
-                fresh = fsdp_actor(parse_config(ACTOR + extra))
+                fresh = fsdp_actor(parse_config(extra))
                 fresh.load_checkpoint(str(workdir / "ckpt"))
                 reloaded = full_weights_of(fresh)
                 result["checkpoint_max_diff"] = max(
@@ -122,10 +136,11 @@ def engine_check(workdir: Path) -> dict:
         weight_diff = max((off["weights"][k] - res["weights"][k]).abs().max().item()
                           for k in res["weights"])
         metric_diff = max(abs(off["metrics"][k] - res["metrics"][k]) for k in res["metrics"])
-        checks = {
+        checks = {} if device != "cuda" else {
             "offloaded shards live on the CPU": off["param_devices"] == ["cpu"],
             "offloaded actor computes on the GPU": off["backend_device"].startswith("cuda"),
-            "resident shards live on the GPU": res["param_devices"] == ["cuda"],
+            "resident shards live on the GPU": res["param_devices"] == ["cuda"]}
+        checks |= {
             "same metrics": metric_diff <= TOL,
             "same weights after the update": weight_diff <= TOL,
             "checkpoint restores the weights": result["checkpoint_max_diff"] == 0.0,
@@ -138,12 +153,12 @@ def engine_check(workdir: Path) -> dict:
         dist.destroy_process_group()
 
 
-def train(run_dir: Path, *overrides: str, steps: int = 2) -> dict:
+def train(run_dir: Path, *overrides: str, steps: int = 2, device: str = "cuda") -> dict:
     """Step -> metrics of a ``siirl-train`` run (a fresh Ray per run)."""
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     command = [sys.executable, "-m", "siirl.main_dag", f"trainer.default_local_dir={run_dir}",
                f"trainer.ray_temp_dir={ray_dir}", f"trainer.total_training_steps={steps}",
-               *TRAIN, *overrides]
+               *on_device([*TRAIN, *overrides], device)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS=""))
     if proc.returncode != 0:
@@ -166,11 +181,12 @@ def max_metric_diff(a: dict, b: dict) -> tuple:
     return worst
 
 
-def train_check(workdir: Path) -> dict:
-    resident = train(workdir / "resident", "trainer.save_freq=-1")
-    offloaded = train(workdir / "offloaded", "trainer.save_freq=2", *OFFLOAD)
+def train_check(workdir: Path, device: str = "cuda") -> dict:
+    resident = train(workdir / "resident", "trainer.save_freq=-1", device=device)
+    offloaded = train(workdir / "offloaded", "trainer.save_freq=2", *OFFLOAD, device=device)
     diff, where = max_metric_diff(resident, offloaded)
-    resumed = train(workdir / "offloaded", "trainer.save_freq=-1", *OFFLOAD, steps=3)
+    resumed = train(workdir / "offloaded", "trainer.save_freq=-1", *OFFLOAD, steps=3,
+                    device=device)
     return {"checks": {"offloaded run logs the resident run's metrics": diff <= TOL,
                        "offloaded run resumes from its checkpoint": 3 in resumed},
             "metric_max_diff": diff, "worst": where}
@@ -190,14 +206,18 @@ def ulysses_check(workdir: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="offload_gpu.json")
+    parser.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.cpu:
         print("check_offload.py needs a CUDA GPU (CPU runs refuse offload; Ulysses on CPU "
-              "is covered by the tests)")
+              "is covered by the tests; --cpu dry-runs the script)")
         return 2
-    report = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
-    parts = [("engine", engine_check), ("train", train_check)]
-    if torch.cuda.device_count() >= 2:
+    device = "cpu" if args.cpu else "cuda"
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
+              "gpus": torch.cuda.device_count()}
+    parts = [("engine", lambda w: engine_check(w, device)),
+             ("train", lambda w: train_check(w, device))]
+    if device == "cuda" and torch.cuda.device_count() >= 2:
         parts.append(("ulysses", ulysses_check))
     else:
         report["ulysses"] = {"skipped": "needs 2 GPUs (NCCL puts one rank on each)"}

@@ -16,13 +16,15 @@ from siirl.data_coordinator.protocol import make_batch
 
 
 def engine_config(backend: str, rows: int, micro: int, device: str,
-                  world_size: int) -> Any:
+                  world_size: int, megatron_dtype: str = "float32") -> Any:
     """The run config of a one-mini-batch, one-epoch, unshuffled update on ``backend``."""
     from siirl.params.parser import parse_config
 
     actor = "actor_rollout_ref.actor"
-    # bf16 autocast over fp32 master weights; the megatron engine trains in fp32 only
-    dtype = [f"{actor}.fsdp_config.model_dtype=bf16"] if backend == "fsdp" else []
+    # fsdp: bf16 autocast over fp32 master weights; megatron: ``megatron_dtype`` weights and
+    # compute (bfloat16: fp32 main weights in megatron's distributed optimizer)
+    dtype = [f"{actor}.fsdp_config.model_dtype=bf16"] if backend == "fsdp" else \
+        [f"{actor}.megatron.dtype={megatron_dtype}"]
     return parse_config([
         f"trainer.device={device}", f"{actor}.strategy={backend}",
         # rollout.n=1: ppo_mini_batch_size counts rows, over all data-parallel ranks

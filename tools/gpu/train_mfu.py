@@ -15,8 +15,9 @@ per micro-batch, one optimizer step per ``update_policy`` call:
   rank siiRL trains the module unsharded; under ``torchrun --nproc_per_node N`` it is
   FSDP2-sharded over the N ranks.
 * ``megatron``: ``siirl.engine.megatron.engines.megatron_actor`` (megatron-core GPTModel,
-  DDP + distributed optimizer), fp32 as that engine trains (``--tf32`` allows TF32
-  matmuls). Needs ``pip install "siirl-engine[megatron]"``.
+  DDP + distributed optimizer), ``--megatron-dtype`` (default bfloat16: bf16 weights and
+  compute over fp32 main weights; float32 with ``--tf32`` allows TF32 matmuls). Needs
+  ``pip install "siirl-engine[megatron]"``.
 
 The first step is a warm-up. FLOPs per token = 6 N_nonembedding + 12 layers hidden seq;
 MFU = achieved FLOP/s per device / the device's dense bf16 peak (H100, H200: 989e12;
@@ -84,6 +85,8 @@ def parse_args(argv):
     parser.add_argument("--checkpointing", choices=("auto", "on", "off"), default="auto",
                         help="fsdp activation checkpointing (auto: the model loader's rule)")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (CUDA)")
+    parser.add_argument("--megatron-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="megatron.dtype of the megatron actor")
     parser.add_argument("--out", default="train_mfu.json")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -132,9 +135,10 @@ def peak_memory_gib(device: torch.device) -> float:
 
 def build_engine(backend: str, args, device: torch.device, world: int, hf_config):
     model = build_model(hf_config, device)
-    cfg = engine_config(backend, args.rows, args.micro, device.type, world)
+    cfg = engine_config(backend, args.rows, args.micro, device.type, world, args.megatron_dtype)
     if backend == "megatron":  # megatron's GPT is built without activation recompute
-        return megatron_actor_engine(model, cfg), "fp32" + (" tf32" if args.tf32 else ""), False
+        dtype = {"bfloat16": "bf16", "float32": "fp32"}[args.megatron_dtype]
+        return megatron_actor_engine(model, cfg), dtype + (" tf32" if args.tf32 else ""), False
     from siirl.engine.models.loader import checkpoints_activations
 
     setting = {"auto": None, "on": True, "off": False}[args.checkpointing]
