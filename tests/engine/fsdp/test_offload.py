@@ -56,6 +56,25 @@ def test_the_engine_refuses_where_offload_cannot_act():
                               torch.device("cuda"), True)
 
 
+def test_a_lone_worker_gets_a_world_of_one_to_offload_in():
+    """siirl-train runs one worker without torch.distributed; FSDP2 (which is what offloads)
+    needs a process group, so asking for offload starts a world of one (first seen on an
+    H100: the one-GPU offloaded run was refused)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    prefix = "actor_rollout_ref.actor.fsdp_config"
+    try:
+        assert offload.wants_offload(fsdp_config(param_offload=True), prefix,
+                                     torch.device("cuda"), False)
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
 def test_shard_fsdp2_passes_a_cpu_offload_policy(monkeypatch):
     """``fully_shard`` (mocked: a real CPU offload needs a GPU) gets FSDP2's policy on
     every decoder layer and the root, and none without ``offload``."""

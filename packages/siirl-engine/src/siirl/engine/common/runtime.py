@@ -8,8 +8,8 @@ import torch
 
 from siirl.execution.device import resolve_device
 
-__all__ = ["data_parallel_world", "module_device", "process_group", "resolve_device",
-           "should_shard"]
+__all__ = ["data_parallel_world", "ensure_distributed", "module_device", "process_group",
+           "resolve_device", "should_shard"]
 
 
 def data_parallel_world(worker: Any) -> Tuple[int, int]:
@@ -25,6 +25,26 @@ def process_group(worker: Any, role: str) -> Any:
     """The worker's process group for ``role`` (None: the default group)."""
     lookup = getattr(worker, "process_group", None)
     return lookup(role) if callable(lookup) else None
+
+
+def ensure_distributed() -> None:
+    """A world of one (NCCL with CUDA, else gloo) when this worker runs alone and something
+    needs torch.distributed: megatron's parallel state, FSDP2's CPU offload. Multi-worker
+    jobs are initialised by the launcher. The group is destroyed at exit."""
+    import atexit
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
 
 def should_shard(group: Any = None) -> bool:

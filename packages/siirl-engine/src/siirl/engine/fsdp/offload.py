@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from siirl.engine.common.runtime import ensure_distributed
 from siirl.engine.fsdp.config import OFFLOAD_ON_CPU, offload_of_whole_module
 from siirl.errors import ConfigError
 
@@ -46,9 +47,7 @@ def wants_offload(fsdp_config: Any, prefix: str, device: Optional[torch.device],
         raise ConfigError(f"{key}=true: {OFFLOAD_ON_CPU}")
     if replicated:
         raise ConfigError(offload_of_whole_module(prefix, keys[0]))
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise ConfigError(f"{key}=true needs torch.distributed (siirl-train sets it up) to "
-                          f"shard the module with FSDP2, even on one worker.")
+    ensure_distributed()  # FSDP2 shards (and so offloads) even a lone worker's module
     return True
 
 

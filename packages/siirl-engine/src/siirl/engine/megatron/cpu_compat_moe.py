@@ -22,9 +22,6 @@ applied by :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` like the den
   different sizes, so :class:`_UnevenGlooDistributed` gathers rows padded to the largest
   split and keeps each rank's own rows, and reduce-scatters unevenly as an all-reduce of
   the whole input keeping this rank's rows (the same sums).
-* ``moe_utils.RouterGatingLinearFunction`` tests ``te_general_gemm is not None``, a name that
-  megatron-core 0.16 defines only when Transformer Engine imports (a NameError without TE, on
-  any device): without TE it is None, so the router takes megatron's own ``torch.mm`` branch.
 """
 
 from __future__ import annotations
@@ -146,6 +143,3 @@ def enable_moe_cpu_mode() -> None:
         importlib.import_module(module_name).torch = stand_in
     importlib.import_module("megatron.core.transformer.moe.token_dispatcher"
                             ).maybe_move_tensor_to_cpu = _host_splits
-    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None

@@ -24,7 +24,12 @@ from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_thi
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from siirl.engine.megatron.moe import check_moe, is_moe, moe_config_kwargs
+from siirl.engine.megatron.moe import (
+    check_moe,
+    is_moe,
+    moe_config_kwargs,
+    route_without_transformer_engine,
+)
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "HFPositionGPTModel", "build_gpt_model", "forward_logits",
            "hf_inv_freq", "layer_spec", "megatron_attention_mask", "padded_vocab_size",
@@ -235,6 +240,8 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
     _check_supported(hf_config)
     if use_te is None:
         use_te = have_transformer_engine()
+    if is_moe(hf_config) and not use_te:
+        route_without_transformer_engine()
     spec = layer_spec(use_te, config)
     if not use_te:  # megatron's torch-norm fallback cannot do sequence parallelism
         from siirl.engine.megatron.sequence_parallel import local_block_spec

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe", "moe_config_kwargs", "num_experts"]
+__all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe", "moe_config_kwargs", "num_experts",
+           "route_without_transformer_engine"]
 
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
 
@@ -99,3 +100,13 @@ def moe_config_kwargs(hf_config: Any) -> dict[str, Any]:
         moe_permute_fusion=False,
         moe_shared_expert_intermediate_size=None,
     )
+
+
+def route_without_transformer_engine() -> None:
+    """megatron-core 0.16's router gating tests ``te_general_gemm is not None``, a name its
+    ``moe_utils`` defines only when Transformer Engine imports: without TE every MoE forward
+    raises NameError, on the GPU as on the CPU. None selects megatron's own ``torch.mm``."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

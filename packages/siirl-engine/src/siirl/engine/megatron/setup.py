@@ -8,11 +8,11 @@ and the critic share the actor's sizes.
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from siirl.engine.common.runtime import ensure_distributed
 from siirl.engine.megatron.config import MegatronArguments, megatron_size_problems
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
@@ -38,20 +38,6 @@ def sequence_parallel(cfg: SiiRLArguments) -> bool:
     mcfg = cfg.actor_rollout_ref.actor.megatron
     return bool(mcfg.sequence_parallel) and parallel_sizes(mcfg)["tensor_model_parallel_size"] > 1
 
-
-def ensure_distributed() -> None:
-    """megatron's parallel state needs torch.distributed: a gloo world of one when this
-    worker runs alone (multi-worker jobs are initialised by the launcher)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
 
 
 def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
