@@ -92,6 +92,15 @@ def megatron(session: nox.Session) -> None:
                 *session.posargs, env={"SIIRL_MEGATRON": "all"})
 
 
+@nox.session(venv_backend="none")
+def gpu_dry_run(session: nox.Session) -> None:
+    """tools/gpu/check_all.sh --dry-run: fetches the GPU wheel set for this Python
+    (tools/gpu/wheels.sh) and runs every GPU check at tiny size on the CPU from those
+    wheels, in a clean venv holding only torch, transformers and the image's packages."""
+    session.run("bash", "tools/gpu/check_all.sh", "--dry-run", external=True,
+                env={"OUT": session.create_tmp()})
+
+
 @nox.session
 def mutmut(session: nox.Session) -> None:
     """Mutation testing (docs/mutation.md): mutmut over core_algos, the DataBuffer, the
