@@ -53,7 +53,8 @@ def cpu_run(tmp_path_factory):
     """One process for both backends: the imports cost more than the tiny steps."""
     backend = "both" if MEGATRON_ON_CPU else "fsdp"
     return run(tmp_path_factory.mktemp("mfu"), "--tiny", "--device", "cpu", "--steps", "2",
-               "--seq", str(SEQ), "--rows", str(ROWS), "--backend", backend, timeout=300)
+               "--seq", str(SEQ), "--rows", str(ROWS), "--backend", backend, "--profile", "3",
+               timeout=300)
 
 
 def check_trained(entry, result):
@@ -89,6 +90,11 @@ def test_fsdp_backend_trains_on_cpu(cpu_run):
     check_trained(entry, result)
     assert entry["compute_dtype"] == "bf16 autocast"
     assert entry["activation_checkpointing"] is False  # the loader's rule on a CPU
+    # --profile 3: one more step, profiled and not timed; its three costliest ops
+    assert len(entry["step_s"]) == 2
+    kernels = entry["profiled_step_costliest_kernels"]
+    assert len(kernels) == 3 and kernels[0]["ms"] >= kernels[-1]["ms"] > 0
+    assert 0 < sum(k["share"] for k in kernels) <= 1
 
 
 @pytest.mark.skipif(not MEGATRON_ON_CPU, reason="megatron.core not importable, or CUDA "
@@ -97,7 +103,7 @@ def test_megatron_backend_trains_on_cpu(cpu_run):
     result, _ = cpu_run
     entries = by_backend(result)
     check_trained(entries["megatron"], result)
-    assert entries["megatron"]["compute_dtype"] == "fp32"
+    assert entries["megatron"]["compute_dtype"] == "bf16"  # --megatron-dtype's default
     # same model, same batch: the same loss as the fsdp engine
     assert entries["megatron"]["pg_loss"] == pytest.approx(entries["fsdp"]["pg_loss"],
                                                            abs=1e-4)

@@ -90,7 +90,7 @@ main_job() {  # the main job, then its summary (validation gain, step times)
 if (( dry )); then
     part main_job 300 bash -c "$(declare -f main_job); main_job 4 cpu"
     part train_mfu 300 "$python" tools/gpu/train_mfu.py --tiny --device cpu --steps 2 \
-        --seq 64 --rows 2 --out "$out/train_mfu.json"
+        --seq 64 --rows 2 --profile 12 --out "$out/train_mfu.json"
     part step_floor 300 "$python" tools/bench/step_floor.py --rounds 2 \
         --out "$out/step_floor.json" trainer.device=cpu
     part megatron 600 "$python" tools/gpu/check_megatron.py --cpu --steps 2 --batch 8 \
@@ -100,7 +100,7 @@ if (( dry )); then
     part offload 300 "$python" tools/gpu/check_offload.py --cpu --out "$out/offload.json"
 else
     part main_job 110 bash -c "$(declare -f main_job); main_job 100 cuda"
-    part train_mfu 130 "$python" tools/gpu/train_mfu.py --out "$out/train_mfu.json"
+    part train_mfu 130 "$python" tools/gpu/train_mfu.py --profile 12 --out "$out/train_mfu.json"
     part step_floor 60 env PYTHON="$python" OUT="$out/step_floor.json" \
         bash tools/gpu/step_floor_gpu.sh --rounds 6
     part megatron 120 "$python" tools/gpu/check_megatron.py --out "$out/megatron.json"

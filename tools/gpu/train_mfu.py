@@ -34,6 +34,7 @@ runs on the same device as the policy. tools/gpu/step_floor_gpu.sh runs it with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -85,6 +86,9 @@ def parse_args(argv):
     parser.add_argument("--checkpointing", choices=("auto", "on", "off"), default="auto",
                         help="fsdp activation checkpointing (auto: the model loader's rule)")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (CUDA)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the timed steps, profile one more with torch.profiler and "
+                             "keep its N costliest ops (self device time) in the JSON")
     parser.add_argument("--megatron-dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="megatron.dtype of the megatron actor")
     parser.add_argument("--out", default="train_mfu.json")
@@ -156,14 +160,23 @@ def measure(backend: str, args, device: torch.device, world: int, hf_config,
     engine, dtype, checkpointing = build_engine(backend, args, device, world, hf_config)
     # every rank trains the same rows: throughput does not depend on the token values
     batch = rollout_batch(args.rows, args.seq, hf_config.vocab_size)
-    seconds, metrics = [], {}
-    for _ in range(args.steps):
+    seconds, metrics, kernels = [], {}, None
+    # a profiled step runs after the timed ones (the profiler's overhead is not timed)
+    for step in range(args.steps + (1 if args.profile else 0)):
         step_batch = batch.clone()  # the update adds fields; each step starts the same
-        sync(device)
-        start = time.perf_counter()
-        metrics = engine.update_policy(step_batch).metrics
-        sync(device)
-        seconds.append(time.perf_counter() - start)
+        profiling = step == args.steps
+        profiler = costliest_kernels(device) if profiling else contextlib.nullcontext()
+        with profiler as found:
+            sync(device)
+            start = time.perf_counter()
+            step_metrics = engine.update_policy(step_batch).metrics
+            sync(device)
+            elapsed = time.perf_counter() - start
+        if profiling:
+            kernels = found.top(args.profile)
+        else:
+            seconds.append(elapsed)
+            metrics = step_metrics
     tokens_per_step = args.rows * args.seq * world
     measured = seconds[1:]
     tokens_per_s = tokens_per_step * len(measured) / sum(measured)
@@ -180,7 +193,35 @@ def measure(backend: str, args, device: torch.device, world: int, hf_config,
         "memory": ("torch.cuda.max_memory_allocated" if device.type == "cuda"
                    else "process max RSS"),
         "pg_loss": metrics.get("actor/pg_loss"), "grad_norm": metrics.get("actor/grad_norm"),
+        **({"profiled_step_costliest_kernels": kernels} if kernels is not None else {}),
     }
+
+
+class costliest_kernels:  # noqa: N801  (a context manager, used like a function)
+    """torch.profiler around one step; ``top(n)``: the n ops of most self device time (the
+    CPU's self time on a CPU), with their share of the step's total."""
+
+    def __init__(self, device: torch.device):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + \
+            ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        self.profile = profile(activities=activities)
+
+    def __enter__(self):
+        self.profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.profile.__exit__(*exc)
+
+    def top(self, n: int) -> list:
+        events = [e for e in self.profile.key_averages() if getattr(e, self.attr) > 0]
+        total = sum(getattr(e, self.attr) for e in events) or 1.0
+        events.sort(key=lambda e: getattr(e, self.attr), reverse=True)
+        return [{"name": e.key[:120], "calls": e.count, "ms": getattr(e, self.attr) / 1e3,
+                 "share": getattr(e, self.attr) / total} for e in events[:n]]
 
 
 def run_backend(backend: str, args, device, world, hf_config, per_token, peak) -> dict:
