@@ -198,8 +198,10 @@ def measure(backend: str, args, device: torch.device, world: int, hf_config,
 
 
 class costliest_kernels:  # noqa: N801  (a context manager, used like a function)
-    """torch.profiler around one step; ``top(n)``: the n ops of most self device time (the
-    CPU's self time on a CPU), with their share of the step's total."""
+    """torch.profiler around one step; ``top(n)``: the n operators (host-side events, each
+    with the device time of the kernels it launched itself; the kernel events are left out,
+    which would count that time twice) of most self device time (the CPU's self time on a
+    CPU), with their share of the step's total."""
 
     def __init__(self, device: torch.device):
         from torch.profiler import ProfilerActivity, profile
@@ -217,7 +219,10 @@ class costliest_kernels:  # noqa: N801  (a context manager, used like a function
         return self.profile.__exit__(*exc)
 
     def top(self, n: int) -> list:
-        events = [e for e in self.profile.key_averages() if getattr(e, self.attr) > 0]
+        from torch.autograd import DeviceType
+
+        events = [e for e in self.profile.key_averages()
+                  if e.device_type == DeviceType.CPU and getattr(e, self.attr) > 0]
         total = sum(getattr(e, self.attr) for e in events) or 1.0
         events.sort(key=lambda e: getattr(e, self.attr), reverse=True)
         return [{"name": e.key[:120], "calls": e.count, "ms": getattr(e, self.attr) / 1e3,
