@@ -47,6 +47,13 @@ CONTEXTS = {
                          "actor_rollout_ref.actor.megatron.dtype=float16",
                          "actor_rollout_ref.ref.megatron.dtype=float16",
                          "critic.megatron.dtype=float16"],
+    # a dict key's refused entries (the search below tries other values, not these keys)
+    "megatron shape overrides": [
+        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+        "critic.strategy=megatron", "reward_model.enable=true", "reward_model.strategy=megatron",
+        *(f"{role}.megatron.override_transformer_config={{num_layers: 2}}"
+          for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic",
+                       "reward_model"))],
     "megatron LoRA, sequence parallel": [
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
         "actor_rollout_ref.actor.megatron.sequence_parallel=true",

@@ -55,7 +55,7 @@ def test_expert_parallel_size_must_divide_the_data_parallel_ranks():
 OVERRIDES = f"+{ACTOR}.megatron.override_transformer_config"
 
 
-def test_verl_router_loss_overrides_are_accepted_and_other_overrides_refused():
+def test_verl_router_loss_overrides_are_accepted_and_shape_overrides_refused():
     config = parse_config([f"{ACTOR}.strategy=megatron", f"{OVERRIDES}.moe_aux_loss_coeff=0.01",
                            f"{OVERRIDES}.moe_z_loss_coeff=0.001",
                            f"{OVERRIDES}.moe_router_load_balancing_type=aux_loss"], validate=True)
@@ -63,8 +63,8 @@ def test_verl_router_loss_overrides_are_accepted_and_other_overrides_refused():
         "moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001,
         "moe_router_load_balancing_type": "aux_loss"}
     text = _refusal([f"{ACTOR}.strategy=megatron", f"{OVERRIDES}.moe_aux_loss_coeff=0.01",
-                     f"{OVERRIDES}.apply_rope_fusion=true"])
-    assert "override_transformer_config" in text and "moe_aux_loss_coeff" in text, text
+                     f"{OVERRIDES}.num_moe_experts=8"])
+    assert "override_transformer_config" in text and "Hugging Face config" in text, text
 
 
 def test_router_overrides_are_checked_where_the_model_is_known():
@@ -78,8 +78,8 @@ def test_router_overrides_are_checked_where_the_model_is_known():
         router_overrides({"moe_aux_loss_coeff": 0.01}, False, key)
     with pytest.raises(ConfigError, match="sinkhorn"):
         router_overrides({"moe_router_load_balancing_type": "sinkhorn"}, True, key)
-    with pytest.raises(ConfigError, match="apply_rope_fusion"):
-        router_overrides({"apply_rope_fusion": True}, True, key)
+    # the other keys are transformer_overrides' (tests/engine/megatron/test_megatron_overrides.py)
+    assert router_overrides({"recompute_granularity": "full"}, False, key) == {}
 
 
 @pytest.mark.parametrize("key,value", [(f"{ACTOR}.router_replay.mode", "R3"),

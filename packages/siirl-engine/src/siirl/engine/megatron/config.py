@@ -30,6 +30,20 @@ _ULYSSES = "ulysses_sequence_parallel_size"
 # verl's override_transformer_config keys siiRL applies: the MoE router's losses
 # (siirl.engine.megatron.router_loss); the others stay refused
 ROUTER_OVERRIDE_KEYS = ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_load_balancing_type")
+# TransformerConfig fields override_transformer_config may not set: the bridge derives them
+# from the Hugging Face config (the HF weights fit no other shape) or the megatron section's
+# own keys set them (the parallel layout, the dtype); every other field applies
+DERIVED_TRANSFORMER_KEYS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "kv_channels", "normalization", "layernorm_epsilon", "gated_linear_unit",
+    "activation_func", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
+    "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
+    "moe_router_score_function", "moe_shared_expert_intermediate_size",
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "virtual_pipeline_model_parallel_size", "sequence_parallel",
+    "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+    "params_dtype", "bf16", "fp16", "pipeline_dtype", "use_cpu_initialization")
 _LORA_RANK = "actor_rollout_ref.model.lora_rank"
 FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
                 "multiplied before every backward, steps skipped on overflow), which the "
@@ -62,8 +76,8 @@ class MegatronArguments:
     use_mbridge: bool = False
 
 
-def _overrides_beyond_router(config: Any, key: str) -> bool:
-    return bool(set(get(config, key) or {}) - set(ROUTER_OVERRIDE_KEYS))
+def _derived_overrides(config: Any, key: str) -> bool:
+    return bool(set(get(config, key) or {}) & set(DERIVED_TRANSFORMER_KEYS))
 
 
 def _differs_from_actor(config: Any, key: str) -> bool:
@@ -204,11 +218,14 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                "the weights are converted from the Hugging Face model path unless "
                f"{prefix}.use_dist_checkpointing=true.",
                lambda config, key: not get(config, f"{prefix}.use_dist_checkpointing")),
-        refused(f"{prefix}.override_transformer_config", "overrides are not applied",
-                f"of verl's overrides only the router's are applied ("
-                f"{', '.join(ROUTER_OVERRIDE_KEYS)}); the TransformerConfig is derived from "
-                "the Hugging Face config: change that through "
-                "actor_rollout_ref.model.override_config instead.", _overrides_beyond_router),
+        refused(f"{prefix}.override_transformer_config",
+                "not the keys that shape the weights or the layout",
+                "the model's shape comes from the Hugging Face config (change it through the "
+                "role's model.override_config) and the parallel layout and dtype from the "
+                f"megatron section's own keys; override_transformer_config may set any other "
+                f"TransformerConfig field (not {', '.join(DERIVED_TRANSFORMER_KEYS[:6])}, ...; "
+                "siirl.engine.megatron.config.DERIVED_TRANSFORMER_KEYS lists them).",
+                _derived_overrides),
         notice(f"{prefix}.seed", "no effect: seeded from trainer.seed",
                "megatron's RNG is seeded from trainer.seed."),
         notice(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",

@@ -298,6 +298,10 @@ def _install_rng_tracker() -> None:
     if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRNGStatesTracker):
         random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
         random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # activation recompute (tensor_parallel.checkpoint) saves and restores the CPU
+    # generator, the tracker's states and the CUDA generator's: on the CPU there is none
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 def cpu_mode_enabled() -> bool:

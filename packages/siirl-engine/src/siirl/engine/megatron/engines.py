@@ -38,8 +38,8 @@ from siirl.engine.megatron.mixed_precision import (
     with_main_params,
 )
 from siirl.engine.megatron.moe import is_moe
-from siirl.engine.megatron.router_loss import router_overrides
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
+from siirl.engine.megatron.transformer_overrides import transformer_overrides
 from siirl.engine.models.loader import load_model_and_tokenizer
 from siirl.errors import ConfigError
 from siirl.execution.dag.planner import reference_needed
@@ -120,6 +120,12 @@ def _refresh_hf_copy(hf_model: torch.nn.Module, model: torch.nn.Module, tp_group
                                                  tp_group=tp_group))
 
 
+def _overrides(megatron: Any, hf_config: Any, key: str) -> dict:
+    """A role's ``override_transformer_config``, checked against its model."""
+    return transformer_overrides(megatron.override_transformer_config, is_moe(hf_config),
+                                 f"{key}.override_transformer_config")
+
+
 def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     """The policy as a megatron GPTModel; ``module`` stays the HF model the rollout uses."""
     cfg = typed_config(config)
@@ -129,10 +135,9 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
                         "actor_rollout_ref.actor.megatron.dtype")
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
-    router = router_overrides(cfg.actor_rollout_ref.actor.megatron.override_transformer_config,
-                              is_moe(hf_model.config), f"{ACTOR_KEY}.override_transformer_config")
+    overrides = _overrides(cfg.actor_rollout_ref.actor.megatron, hf_model.config, ACTOR_KEY)
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype,
-                                 start, router)
+                                 start, overrides)
     if start is not None:
         _refresh_hf_copy(hf_model, model, tp_group)
     adapters = lora_setup.attach(cfg, model, hf_model.config)  # None without LoRA
@@ -168,7 +173,9 @@ def megatron_reference(config: Any, worker: Any = None,
         or dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg),
                                  _role_dtype(cfg.actor_rollout_ref.ref.megatron,
-                                             "actor_rollout_ref.ref.megatron.dtype"), start)
+                                             "actor_rollout_ref.ref.megatron.dtype"), start,
+                                 _overrides(cfg.actor_rollout_ref.ref.megatron, hf_model.config,
+                                            "actor_rollout_ref.ref.megatron"))
     model.requires_grad_(False)
     model.eval()
     packing = bool(cfg.actor_rollout_ref.model.use_remove_padding)
@@ -188,7 +195,8 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     # a distributed checkpoint (an LM's) gives the backbone; the value head starts from
     # its seeded init as with HF weights
     model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype,
-                                 dist_checkpoint(cfg.critic.megatron, "critic.megatron"))
+                                 dist_checkpoint(cfg.critic.megatron, "critic.megatron"),
+                                 _overrides(cfg.critic.megatron, lm.config, "critic.megatron"))
     module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
     optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype)
     backend = MegatronBackend(

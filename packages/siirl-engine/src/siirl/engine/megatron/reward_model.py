@@ -28,7 +28,9 @@ from siirl.engine.common.runtime import resolve_device
 from siirl.engine.megatron.backend import MegatronBackend
 from siirl.engine.megatron.heads import MegatronBackbone
 from siirl.engine.megatron.mixed_precision import params_dtype
+from siirl.engine.megatron.moe import is_moe
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
+from siirl.engine.megatron.transformer_overrides import transformer_overrides
 from siirl.engine.reward_model import inputs
 from siirl.engine.reward_model.engine import SCORE, RewardModelEngine
 from siirl.engine.reward_model.factory import input_tokenizer
@@ -127,9 +129,13 @@ def megatron_reward_model(config: Any, worker: Any = None,
     classifier, tokenizer = load_classifier(cfg.reward_model.model, torch.device("cpu"))
     score = _score_linear(classifier, str(cfg.reward_model.model.path), device)
     try:
-        gpt = build_megatron_model(as_causal_lm(classifier), device, sequence_parallel(cfg),
+        causal_lm = as_causal_lm(classifier)
+        overrides = transformer_overrides(
+            cfg.reward_model.megatron.override_transformer_config, is_moe(causal_lm.config),
+            "reward_model.megatron.override_transformer_config")
+        gpt = build_megatron_model(causal_lm, device, sequence_parallel(cfg),
                                    params_dtype(cfg.reward_model.megatron.dtype,
-                                                "reward_model.megatron.dtype"))
+                                                "reward_model.megatron.dtype"), None, overrides)
     except NotImplementedError as err:
         raise ConfigError(f"{PATH_KEY}: the megatron bridge cannot build this reward model "
                           f"({err}): use reward_model.strategy=fsdp") from None

@@ -1,8 +1,8 @@
 """The MoE router's auxiliary losses, as set by verl's keys and logged as actor metrics.
 
-verl configures them through ``<role>.megatron.override_transformer_config``; of that
-mapping siiRL applies the router's keys only (:data:`ROUTER_OVERRIDE_KEYS`, the rest is
-refused by the megatron section's key rules): ``moe_aux_loss_coeff`` and
+verl configures them through ``<role>.megatron.override_transformer_config`` (applied by
+:mod:`siirl.engine.megatron.transformer_overrides`); the router's keys
+(:data:`ROUTER_OVERRIDE_KEYS`) are checked here: ``moe_aux_loss_coeff`` and
 ``moe_router_load_balancing_type`` (megatron's load-balancing loss, added to the gradient
 by its ``MoEAuxLossAutoScaler``) and ``moe_z_loss_coeff`` (the router z-loss).
 
@@ -30,17 +30,11 @@ _TRACKED = {"load_balancing_loss": "moe_aux_loss", "seq_load_balancing_loss": "m
 
 
 def router_overrides(overrides: Any, is_moe: bool, key: str) -> Dict[str, Any]:
-    """The TransformerConfig keys of ``<role>.megatron.override_transformer_config``
-    (``key``): the router's only, checked; a coefficient without a load-balancing type
-    selects megatron's ``aux_loss`` (HF's Switch-Transformer loss)."""
-    given = dict(overrides or {})
-    other = sorted(set(given) - set(ROUTER_OVERRIDE_KEYS))
-    if other:
-        raise ConfigError(f"{key}: {', '.join(other)} would be ignored: of verl's "
-                          f"override_transformer_config siiRL applies "
-                          f"{', '.join(ROUTER_OVERRIDE_KEYS)} only (the TransformerConfig is "
-                          "derived from the Hugging Face config; change that through "
-                          "actor_rollout_ref.model.override_config).")
+    """The router's TransformerConfig keys of ``<role>.megatron.override_transformer_config``
+    (``key``; the others are :func:`siirl.engine.megatron.transformer_overrides`'), checked;
+    a coefficient without a load-balancing type selects megatron's ``aux_loss`` (HF's
+    Switch-Transformer loss)."""
+    given = {k: v for k, v in dict(overrides or {}).items() if k in ROUTER_OVERRIDE_KEYS}
     if not given:
         return {}
     if not is_moe:

@@ -87,8 +87,8 @@ def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
     compute in ``params_dtype`` (the HF weights are rounded to it on loading). With
     ``dist_checkpoint`` = (role's megatron key, path) the weights come from that megatron
     distributed checkpoint instead (any layout; ``hf_model`` gives the architecture).
-    ``transformer_overrides``: TransformerConfig keys set over the HF-derived ones (the
-    router's losses, siirl.engine.megatron.router_loss)."""
+    ``transformer_overrides``: TransformerConfig keys set over the HF-derived ones
+    (siirl.engine.megatron.transformer_overrides)."""
     from megatron.core import parallel_state as ps
 
     from siirl.engine.megatron.bridge import load_hf_weights

@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, List
 
 from siirl.engine.fsdp.config import FSDPArguments
-from siirl.engine.megatron.config import FP16_REFUSED, NO_CONTEXT_PARALLEL
+from siirl.engine.megatron.config import (
+    DERIVED_TRANSFORMER_KEYS,
+    FP16_REFUSED,
+    NO_CONTEXT_PARALLEL,
+)
 from siirl.params.key_conditions import get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount
@@ -138,9 +142,15 @@ def megatron_rules() -> List[Rule]:
         notice(f"{_MEGATRON}.dist_checkpointing_path", "no effect: built from the HF classifier",
                "the reward model's weights come from reward_model.model.path.",
                _megatron_classifier),
-        refused(f"{_MEGATRON}.override_transformer_config", "overrides are not applied",
-                "the TransformerConfig is derived from the Hugging Face config; change that "
-                "through reward_model.model.override_config instead.", _megatron_classifier),
+        refused(f"{_MEGATRON}.override_transformer_config",
+                "not the keys that shape the weights or the layout",
+                "the model's shape comes from the Hugging Face config (change it through "
+                "reward_model.model.override_config) and the parallel layout from the actor's "
+                "megatron section; override_transformer_config may set any other "
+                "TransformerConfig field (siirl.engine.megatron.config."
+                "DERIVED_TRANSFORMER_KEYS lists those it may not).",
+                lambda config, key: _megatron_classifier(config, key) and bool(
+                    set(get(config, key) or {}) & set(DERIVED_TRANSFORMER_KEYS))),
         notice(f"{_MEGATRON}.seed", "no effect: seeded from trainer.seed",
                "megatron's RNG is seeded from trainer.seed.", _megatron_classifier),
         notice(f"{_MEGATRON}.use_mbridge", "no effect: siiRL's own bridge converts weights",

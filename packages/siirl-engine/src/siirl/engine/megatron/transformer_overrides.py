@@ -1,0 +1,65 @@
+"""verl's ``<role>.megatron.override_transformer_config``: megatron ``TransformerConfig``
+fields set on top of the config the bridge derives from the Hugging Face model.
+
+Any field of megatron-core's ``TransformerConfig`` may be set (activation recompute:
+``recompute_granularity``, ``recompute_method``, ``recompute_num_layers``,
+``recompute_modules``; fusions; ``attention_backend``, by name; dropout; the MoE router's
+settings and losses, checked by :func:`siirl.engine.megatron.router_loss.router_overrides`),
+except the ones that define the weights or the parallel layout
+(:data:`siirl.engine.megatron.config.DERIVED_TRANSFORMER_KEYS`: the validation pass refuses
+those before anything loads). A name that is no field is refused here, with the closest
+field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+from typing import Any, Dict
+
+from siirl.engine.megatron.config import DERIVED_TRANSFORMER_KEYS, ROUTER_OVERRIDE_KEYS
+from siirl.engine.megatron.router_loss import router_overrides
+from siirl.errors import ConfigError
+
+__all__ = ["transformer_overrides"]
+
+
+def _field_types() -> Dict[str, Any]:
+    from megatron.core.transformer import TransformerConfig
+
+    return {f.name: f.type for f in dataclasses.fields(TransformerConfig)}
+
+
+def _converted(name: str, value: Any, kind: Any, key: str) -> Any:
+    """YAML gives enum-typed fields (``attention_backend``) as names: the enum member."""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum) and isinstance(value, str):
+        try:
+            return kind[value]
+        except KeyError:
+            raise ConfigError(f"{key}.{name}={value!r}: use one of "
+                              f"{', '.join(m.name for m in kind)}") from None
+    return value
+
+
+def transformer_overrides(overrides: Any, is_moe: bool, key: str) -> Dict[str, Any]:
+    """The TransformerConfig fields of ``overrides`` (the mapping at ``key``), checked."""
+    given = dict(overrides or {})
+    derived = sorted(set(given) & set(DERIVED_TRANSFORMER_KEYS))
+    if derived:  # the validation pass refuses these first; here for engines built directly
+        raise ConfigError(f"{key}: {', '.join(derived)} define the model's weights or its "
+                          "parallel layout, which come from the Hugging Face config and the "
+                          "megatron section's own keys: change them there.")
+    router = router_overrides({k: v for k, v in given.items() if k in ROUTER_OVERRIDE_KEYS},
+                              is_moe, key)
+    fields = _field_types()
+    rest = {k: v for k, v in given.items() if k not in ROUTER_OVERRIDE_KEYS}
+    unknown = sorted(set(rest) - set(fields))
+    if unknown:
+        hints = [f"{name} (did you mean {', '.join(close)}?)" if close else name
+                 for name in unknown
+                 for close in [difflib.get_close_matches(name, fields, n=2)]]
+        raise ConfigError(f"{key}: {'; '.join(hints)} is no field of megatron-core's "
+                          "TransformerConfig.")
+    return {**{name: _converted(name, value, fields[name], key)
+               for name, value in rest.items()}, **router}
