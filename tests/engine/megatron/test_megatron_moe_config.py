@@ -1,7 +1,7 @@
 """The megatron section's expert-parallel keys: accepted where the engine runs them (the actor
-under megatron's DDP, the reference in the actor's state), refused with the reason where it
-would not (expert TP other than TP, a megatron critic or virtual stages averaging gradients
-by hand), and sized against the data-parallel ranks the experts are split over."""
+under megatron's DDP or, with virtual stages, its hand averaging, the reference in the actor's
+state, a megatron critic), refused with the reason where it would not (expert TP other than
+TP), and sized against the data-parallel ranks the experts are split over."""
 
 import pytest
 
@@ -31,13 +31,16 @@ def test_expert_tensor_parallelism_other_than_tp_is_refused():
     assert "expert_tensor_parallel_size null" in text, text
 
 
-def test_expert_parallelism_where_gradients_are_averaged_by_hand_is_refused():
-    text = _refusal(EP2 + ["critic.strategy=megatron", "algorithm.adv_estimator=gae"])
-    assert "critic.strategy=fsdp" in text, text
-    text = _refusal(EP2 + ["trainer.n_gpus_per_node=4",
-                           f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
-                           f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2"])
-    assert "virtual_pipeline_model_parallel_size=null" in text, text
+def test_expert_parallelism_where_gradients_are_averaged_by_hand_is_accepted():
+    """A megatron critic and virtual stages average expert gradients over their expert
+    data-parallel group (siirl.engine.megatron.engines.grad_averager)."""
+    config = parse_config(EP2 + ["critic.strategy=megatron", "algorithm.adv_estimator=gae"],
+                          validate=True)
+    assert config.critic.strategy == "megatron"
+    parse_config(EP2 + ["trainer.n_gpus_per_node=4",
+                        f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                        f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2"],
+                 validate=True)
 
 
 def test_the_reference_follows_the_actors_expert_parallel_size():

@@ -28,18 +28,21 @@ def require(batch: Any, keys: Tuple[str, ...], what: str) -> None:
 
 
 def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None,
-                   pp_group: Any = None) -> float:
+                   pp_group: Any = None, ep_group: Any = None) -> float:
     """Clip to ``clip`` (<= 0 or None: measure only); the global norm as a float.
 
     Megatron model parallelism: with ``tp_group`` parameters marked
     ``tensor_model_parallel`` hold one shard each, so their squared norms are summed over
     the group, the others are replicated and count once; with ``pp_group`` every pipeline
     stage holds its own layers, so the stages' squares are summed, except copies marked
-    ``shared`` (the last stage's copy of tied embeddings) which count on the first stage."""
+    ``shared`` (the last stage's copy of tied embeddings) which count on the first stage;
+    with ``ep_group`` (expert parallelism) each rank holds its own experts (parameters
+    megatron marks ``allreduce=False``), so their squares are summed over that group, as
+    megatron's optimizer sums them over its expert model-parallel group."""
     params = [p for p in module.parameters() if p.requires_grad]
     max_norm = float(clip) if clip and clip > 0 else float("inf")
-    if tp_group is not None or pp_group is not None:
-        return _clip_model_parallel(params, max_norm, tp_group, pp_group)
+    if tp_group is not None or pp_group is not None or ep_group is not None:
+        return _clip_model_parallel(params, max_norm, tp_group, pp_group, ep_group)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
         norm = norm.full_tensor()
@@ -71,22 +74,28 @@ def dp_sum(metrics: Dict[str, float], world_size: int, group: Any,
 
 
 def _clip_model_parallel(params: list, max_norm: float, tp_group: Any,
-                         pp_group: Any) -> float:
+                         pp_group: Any, ep_group: Any = None) -> float:
     grads = [(p, p.grad) for p in params if p.grad is not None]
     device = grads[0][1].device if grads else (params[0].device if params else "cpu")
-    sharded = torch.zeros((), dtype=torch.float64, device=device)
-    replicated = torch.zeros((), dtype=torch.float64, device=device)
+    # squared norms of [dense, expert] parameters: TP shards, and TP replicas counted once
+    sharded = torch.zeros(2, dtype=torch.float64, device=device)
+    replicated = torch.zeros(2, dtype=torch.float64, device=device)
     for param, grad in grads:
         if pp_group is not None and getattr(param, "shared", False):
             continue  # counted on the stage that owns the original
         squares = grad.detach().double().pow(2).sum()
+        kind = int(ep_group is not None and not getattr(param, "allreduce", True))
         if getattr(param, "tensor_model_parallel", False):
-            sharded += squares
+            sharded[kind] += squares
         else:
-            replicated += squares
+            replicated[kind] += squares
     if tp_group is not None:
         torch.distributed.all_reduce(sharded, group=tp_group)
-    total = sharded + replicated
+    dense, experts = (sharded + replicated).unbind()
+    if ep_group is not None:  # every expert-parallel rank holds other experts
+        experts = experts.clone()
+        torch.distributed.all_reduce(experts, group=ep_group)
+    total = dense + experts
     if pp_group is not None:  # a stage without gradients still joins the sum
         torch.distributed.all_reduce(total, group=pp_group)
     norm = float(total.sqrt())

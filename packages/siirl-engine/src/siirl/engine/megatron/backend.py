@@ -39,7 +39,8 @@ class MegatronBackend:
     def __init__(self, module: torch.nn.Module, optimizer: Any = None, *,
                  schedule_model: Optional[torch.nn.Module] = None, dp_rank: int = 0,
                  dp_size: int = 1, dp_group: Any = None, tp_group: Any = None,
-                 grad_clip: Any = 1.0, grad_sync: Optional[Callable[[], None]] = None,
+                 ep_group: Any = None, grad_clip: Any = 1.0,
+                 grad_sync: Optional[Callable[[], None]] = None,
                  replicated: Optional[Dict[str, torch.nn.Module]] = None,
                  hf_module: Optional[torch.nn.Module] = None,
                  export_dtype: Optional[torch.dtype] = None, lora: Any = None,
@@ -48,6 +49,8 @@ class MegatronBackend:
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.tp_group, self.grad_clip = tp_group, grad_clip
+        # expert parallelism: the group whose ranks hold the other experts (the grad norm)
+        self.ep_group = ep_group
         # averages gradients over data parallelism when megatron's DDP does not
         self.grad_sync = grad_sync
         self.replicated = replicated or {}  # plain modules beside the GPT (value head)
@@ -125,7 +128,8 @@ class MegatronBackend:
         if self.grad_sync is not None:
             self.grad_sync()
         return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip,
-                                                             self.tp_group, self.stages.group))
+                                                             self.tp_group, self.stages.group,
+                                                             self.ep_group))
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         return self.stages.broadcast_metrics(metrics)

@@ -90,14 +90,6 @@ def _expert_tp_differs(config: Any, key: str) -> bool:
         config, f"{key.rsplit('.', 1)[0]}.tensor_model_parallel_size")
 
 
-def _experts_averaged_by_hand(config: Any, key: str) -> bool:
-    """Expert parallelism where a megatron model's gradients are averaged outside megatron's
-    DDP (virtual pipeline stages, the critic)."""
-    return (int(get(config, key) or 1) > 1 and (
-        int(get(config, f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size") or 1) > 1
-        or str(get(config, "critic.strategy")) == "megatron"))
-
-
 def _expert_rules(prefix: str, role: str) -> List[Rule]:
     """The actor's expert-parallel keys (the other roles run in the actor's parallel state:
     their own values may only repeat the actor's, see _MIRRORED)."""
@@ -108,15 +100,6 @@ def _expert_rules(prefix: str, role: str) -> List[Rule]:
                 "the megatron bridge splits every expert over the tensor-parallel ranks like "
                 "a dense MLP: leave expert_tensor_parallel_size null (it then equals "
                 "tensor_model_parallel_size).", _expert_tp_differs),
-        refused(f"{prefix}.expert_model_parallel_size",
-                "not with virtual stages or a megatron critic",
-                "with virtual pipeline stages the actor, and a megatron critic always, average "
-                "gradients over data parallelism themselves (torch AdamW), which would mix "
-                "different experts' gradients across expert-parallel ranks; megatron's DDP, "
-                "which reduces expert gradients over their own groups, runs the actor "
-                f"otherwise: set {ACTOR}.megatron.virtual_pipeline_model_parallel_size=null "
-                "and critic.strategy=fsdp, or expert_model_parallel_size=1.",
-                _experts_averaged_by_hand),
     ]
 
 

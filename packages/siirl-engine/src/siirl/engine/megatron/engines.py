@@ -60,10 +60,27 @@ def _parallel_groups() -> Tuple[int, int, Any, Any]:
             tp_group)
 
 
+def expert_groups() -> Tuple[Any, Any]:
+    """(expert-data-parallel group, expert-model-parallel group), each None where it has
+    one rank; both None without expert parallelism."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_expert_model_parallel_world_size() <= 1:
+        return None, None
+    return (ps.get_expert_data_parallel_group()
+            if ps.get_expert_data_parallel_world_size() > 1 else None,
+            ps.get_expert_model_parallel_group())
+
+
 def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
-                  tp_group: Any = None) -> Optional[Callable[[], None]]:
+                  tp_group: Any = None, expert_dp_group: Any = None
+                  ) -> Optional[Callable[[], None]]:
     """Gradient sync after the backward, where megatron's DDP does not run: sequence-parallel
-    norm weights summed over TP, then everything averaged over data parallelism."""
+    norm weights summed over TP, then everything averaged over data parallelism, as megatron's
+    DDP does: dense parameters over the data-parallel ``group``; expert-parallel ones
+    (megatron marks them ``allreduce=False``) summed over ``expert_dp_group`` (None: one
+    rank) and divided by the whole data-parallel size too, since the token dispatcher
+    already brought every expert-parallel rank's tokens into each expert's gradient."""
     from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
     if world_size <= 1 and tp_group is None:
@@ -74,9 +91,13 @@ def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
         if world_size <= 1:
             return
         for param in module.parameters():
-            if param.grad is not None:
+            if param.grad is None:
+                continue
+            if getattr(param, "allreduce", True):
                 torch.distributed.all_reduce(param.grad, group=group)
-                param.grad.div_(world_size)
+            elif expert_dp_group is not None:
+                torch.distributed.all_reduce(param.grad, group=expert_dp_group)
+            param.grad.div_(world_size)
     return average
 
 
@@ -96,7 +117,7 @@ def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp
     logger.warning("virtual pipeline stages: the actor uses torch AdamW with gradients "
                    "all-reduced over data parallelism, not megatron's distributed optimizer")
     return (with_main_params(build_optimizer(model.parameters(), actor_cfg.optim), dtype),
-            grad_averager(model, group, dp, tp_group))
+            grad_averager(model, group, dp, tp_group, expert_groups()[0]))
 
 
 def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
@@ -143,7 +164,8 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     adapters = lora_setup.attach(cfg, model, hf_model.config)  # None without LoRA
     optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
-                              tp_group=tp_group, grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
+                              tp_group=tp_group, ep_group=expert_groups()[1],
+                              grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
                               grad_sync=grad_sync, hf_module=hf_model,
                               export_dtype=rollout_weight_dtype(cfg, dtype), lora=adapters,
                               merge_on_export=bool(cfg.actor_rollout_ref.model
@@ -199,10 +221,12 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
                                  _overrides(cfg.critic.megatron, lm.config, "critic.megatron"))
     module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
     optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype)
+    expert_dp_group, ep_group = expert_groups()
     backend = MegatronBackend(
         module, optimizer, schedule_model=model,
-        dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group,
-        grad_clip=cfg.critic.grad_clip, grad_sync=grad_averager(module, group, dp, tp_group),
+        dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group, ep_group=ep_group,
+        grad_clip=cfg.critic.grad_clip,
+        grad_sync=grad_averager(module, group, dp, tp_group, expert_dp_group),
         replicated={"value_head": module.value_head},
         packing=bool(cfg.critic.model.use_remove_padding))
     return CriticEngine(backend, cfg, value_heads(module))
