@@ -40,7 +40,8 @@ from siirl.engine.megatron.bridge import (  # noqa: E402
 
 # qwen3_moe: full-softmax top-k weights (norm_topk_prob=False, megatron's pre-softmax);
 # qwen3_moe_norm and mixtral: renormalised top-k (softmax over the chosen logits)
-FAMILIES = ("qwen3", "qwen3_moe", "qwen3_moe_norm", "mixtral")
+# qwen2_moe: Qwen3-MoE's routing plus a gated shared expert and biased q/k/v
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_moe_norm", "mixtral", "qwen2_moe")
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
     pytest.mark.filterwarnings("ignore:Apex is not installed:UserWarning"),
@@ -55,6 +56,8 @@ def tiny_model(family: str, num_layers: int = 2, seed: int = 0):
     from transformers import (
         MixtralConfig,
         MixtralForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
@@ -72,6 +75,10 @@ def tiny_model(family: str, num_layers: int = 2, seed: int = 0):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
             moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
             norm_topk_prob=family.endswith("norm"), **common))
+    elif family == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4,
+            num_experts_per_tok=2, **common))
     else:
         model = MixtralForCausalLM(MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
                                                  **common))

@@ -1,5 +1,5 @@
-"""Hugging Face <-> megatron-core weights for Llama / Qwen2 / Qwen3 and the Qwen3-MoE /
-Mixtral experts, for any TP / PP layout.
+"""Hugging Face <-> megatron-core weights for Llama / Qwen2 / Qwen3 and the Qwen2-MoE /
+Qwen3-MoE / Mixtral experts, for any TP / PP layout.
 
 Every megatron parameter of a stage is one :class:`Entry`: its megatron key, the HF tensors
 it is built from, and how it is sharded over TP ranks. Conversions are pure slicing and
@@ -20,7 +20,9 @@ concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16
   expert ``e`` of HF's fused ``mlp.experts.gate_up_proj[e]`` (``[gate; up]``) and
   ``down_proj[e]`` are ``mlp.experts.local_experts.e.linear_fc1`` / ``linear_fc2``, split over
   TP like a dense layer's fc1 / fc2 (expert TP = TP). HF's stacked tensor is rebuilt from all
-  experts' entries (entries of one HF tensor are consecutive).
+  experts' entries (entries of one HF tensor are consecutive). Qwen2-MoE's shared expert
+  (``mlp.shared_expert``) is megatron's ``mlp.shared_experts`` MLP, split like a dense one,
+  and its sigmoid gate ``mlp.shared_expert_gate`` the replicated ``shared_experts.gate_weight``.
 * Layers are split evenly over PP stages (stage p holds global layers ``p*L/pp ...``); the
   embedding lives on the first stage, ``final_layernorm`` / ``output_layer`` on the last.
   With tied embeddings and PP > 1 the last stage holds a copy of the embedding as
@@ -45,7 +47,7 @@ from .model import (
     stage_layer_counts,
     unwrap_model,
 )
-from .moe import is_moe, num_experts
+from .moe import is_moe, num_experts, shared_expert_size
 
 __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
            "megatron_to_hf", "stage_entries", "stage_layer_counts"]
@@ -77,11 +79,19 @@ def _mlp_entries(hf_config, m: str, h: str, ep_rank: int, ep_size: int) -> list[
                       (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
                 Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row")]
     experts, local = local_experts(hf_config, ep_rank, ep_size), m + "mlp.experts.local_experts."
+    shared = []
+    if shared_expert_size(hf_config):  # split over TP like a dense MLP; its gate replicated
+        mine, theirs = m + "mlp.shared_experts.", h + "mlp.shared_expert"
+        shared = [Entry(mine + "linear_fc1.weight",
+                        (theirs + ".gate_proj.weight", theirs + ".up_proj.weight"), "fc1"),
+                  Entry(mine + "linear_fc2.weight", (theirs + ".down_proj.weight",), "row"),
+                  Entry(mine + "gate_weight", (theirs + "_gate.weight",), "replicated")]
     return ([Entry(m + "mlp.router.weight", (h + "mlp.gate.weight",), "replicated")]
             + [Entry(f"{local}{i}.linear_fc1.weight", (h + "mlp.experts.gate_up_proj",), "fc1",
                      expert=e) for i, e in enumerate(experts)]
             + [Entry(f"{local}{i}.linear_fc2.weight", (h + "mlp.experts.down_proj",), "row",
-                     expert=e) for i, e in enumerate(experts)])
+                     expert=e) for i, e in enumerate(experts)]
+            + shared)
 
 
 def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:

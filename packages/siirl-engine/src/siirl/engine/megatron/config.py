@@ -213,7 +213,7 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                "megatron's RNG is seeded from trainer.seed."),
         notice(f"{prefix}.use_mbridge", "no effect: siiRL's own bridge converts weights",
                "siiRL's own bridge converts Hugging Face weights (Llama, Qwen2, Qwen3, "
-               "Qwen3-MoE, Mixtral)."),
+               "Qwen2-MoE, Qwen3-MoE, Mixtral)."),
     ]
 
 

@@ -40,6 +40,7 @@ SUPPORTED_MODEL_TYPES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RotaryEmbedding"),
+    "qwen2_moe": ("transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeRotaryEmbedding"),
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRotaryEmbedding"),
     "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralRotaryEmbedding"),
 }
@@ -72,6 +73,8 @@ def has_qk_norm(hf_config) -> bool:
 
 
 def has_qkv_bias(hf_config) -> bool:
+    if hf_config.model_type == "qwen2_moe":  # its own key (o_proj never has a bias)
+        return bool(getattr(hf_config, "qkv_bias", True))
     return hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
 
 

@@ -1,12 +1,14 @@
-"""What megatron-core needs to build Qwen3-MoE and Mixtral models like Hugging Face's.
+"""What megatron-core needs to build Qwen2-MoE, Qwen3-MoE and Mixtral models like Hugging
+Face's.
 
-Both architectures route each token to its top-k experts by a softmax router and sum the
-chosen SwiGLU experts' outputs weighted by the routing probabilities; neither has a shared
-expert. They differ only in whether the top-k probabilities are renormalised:
+All three route each token to its top-k experts by a softmax router and sum the chosen
+SwiGLU experts' outputs weighted by the routing probabilities; Qwen2-MoE adds an always-on
+shared expert whose output is scaled by a sigmoid gate (megatron's shared expert with
+``moe_shared_expert_gate``). They differ in whether the top-k probabilities are renormalised:
 
-* Mixtral (and Qwen3-MoE with ``norm_topk_prob=True``) renormalise: softmax over the top-k
+* Mixtral (and Qwen2/3-MoE with ``norm_topk_prob=True``) renormalise: softmax over the top-k
   logits, which is megatron's ``moe_router_pre_softmax=False``;
-* Qwen3-MoE with ``norm_topk_prob=False`` keeps the full-softmax probabilities of the chosen
+* Qwen2/3-MoE with ``norm_topk_prob=False`` keeps the full-softmax probabilities of the chosen
   experts: megatron's ``moe_router_pre_softmax=True``.
 
 Experts are megatron's local ``SequentialMLP`` (one ColumnParallel fc1 / RowParallel fc2 per
@@ -25,9 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe", "moe_config_kwargs", "num_experts",
-           "route_without_transformer_engine"]
+           "route_without_transformer_engine", "shared_expert_size"]
 
-MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 
 
 def is_moe(hf_config: Any) -> bool:
@@ -39,9 +41,17 @@ def num_experts(hf_config: Any) -> int:
 
 
 def _expert_ffn_size(hf_config: Any) -> int:
-    if hf_config.model_type == "qwen3_moe":
+    if hf_config.model_type in ("qwen2_moe", "qwen3_moe"):
         return int(hf_config.moe_intermediate_size)
     return int(hf_config.intermediate_size)
+
+
+def shared_expert_size(hf_config: Any) -> int | None:
+    """The intermediate size of the always-on shared expert (Qwen2-MoE's, behind a sigmoid
+    gate: megatron's ``moe_shared_expert_gate``); None where the model has none."""
+    if hf_config.model_type != "qwen2_moe":
+        return None
+    return int(hf_config.shared_expert_intermediate_size or 0) or None
 
 
 def _renormalises_top_k(hf_config: Any) -> bool:
@@ -98,7 +108,8 @@ def moe_config_kwargs(hf_config: Any) -> dict[str, Any]:
         moe_token_dispatcher_type="alltoall",
         moe_grouped_gemm=False,
         moe_permute_fusion=False,
-        moe_shared_expert_intermediate_size=None,
+        moe_shared_expert_intermediate_size=shared_expert_size(hf_config),
+        moe_shared_expert_gate=shared_expert_size(hf_config) is not None,
     )
 
 

@@ -155,7 +155,7 @@ def megatron_rules() -> List[Rule]:
                "megatron's RNG is seeded from trainer.seed.", _megatron_classifier),
         notice(f"{_MEGATRON}.use_mbridge", "no effect: siiRL's own bridge converts weights",
                "siiRL's own bridge converts the classifier's decoder (Llama, Qwen2, Qwen3, "
-               "Qwen3-MoE, Mixtral).", _megatron_classifier),
+               "Qwen2-MoE, Qwen3-MoE, Mixtral).", _megatron_classifier),
         notice("reward_model.model.fsdp_config.*", "no effect: the reward model runs on megatron",
                "with reward_model.strategy=megatron the reward model is split by the actor's "
                "megatron parallel state, not FSDP.", _megatron_classifier),
