@@ -39,6 +39,10 @@ CONTEXTS = {
     "cpu": ["trainer.device=cpu"],
     "megatron": ["actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron"],
+    # a rule of the actor's expert parallelism that needs pipeline stages
+    "megatron pipeline": ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu",
+                          "trainer.n_gpus_per_node=4",
+                          "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     # the megatron section's rules at the reference's mount (the actor's shadow them above)
     "megatron reference": ["actor_rollout_ref.ref.strategy=megatron"],
     # a refusal of one value of a string key (the search below tries other strings only)

@@ -1,6 +1,7 @@
-"""Expert parallelism where megatron's DDP does not run: the megatron critic (and the actor
-with virtual pipeline stages) averages gradients by hand (``engines.grad_averager``) and
-clips them itself (``dp_utils.clip_grad_norm``). Expert parameters must then be reduced as
+"""Expert parallelism where megatron's DDP does not run: the megatron critic averages
+gradients by hand (``engines.grad_averager``; so would the actor with virtual pipeline
+stages, but experts over pipeline stages are refused, see ``megatron.config``) and clips
+them itself (``dp_utils.clip_grad_norm``). Expert parameters must then be reduced as
 megatron's DDP reduces them (summed over the expert data-parallel group, divided by the
 whole data-parallel size) and their squared norms summed over the expert-parallel group, or
 each rank would clip with its own coefficient and the dense weights would drift apart.
@@ -8,7 +9,8 @@ each rank would clip with its own coefficient and the dense weights would drift 
 Two gloo ranks (two data-parallel ranks, each its own rows) train the megatron critic on
 ``builtin:tiny-moe`` (4 experts, top-2) first at EP 1, then at EP 2 (two experts per rank,
 tokens exchanged by megatron's alltoall dispatcher): values, value loss and grad norm of two
-updates (two optimizer steps each, clipped) must agree within float32 rounding.
+updates (two optimizer steps each, clipped) must agree within float32 rounding; at TP 2 x
+EP 2 on four ranks too (``nox -s megatron``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from siirl_spawn import finish_rank, join_spawned
+from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
 
@@ -56,25 +59,30 @@ def _rows(rank: int):
         "returns": torch.randn(ROWS, RESPONSE, generator=g) * response_mask})
 
 
-def _train_critic(rank: int, ep: int) -> dict:
-    """Values before training, two updates' metrics, values after (this rank's rows)."""
+def _train_critic(ep: int, tp: int) -> dict:
+    """Values before training, two updates' metrics, values after (this data-parallel
+    rank's rows)."""
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.engines import megatron_engine
     from siirl.params.parser import parse_config
 
-    megatron = [f"{role}.megatron.expert_model_parallel_size={ep}"
+    # TP: with sequence parallelism, which megatron's MoE layer needs under TP
+    sizes = (("expert_model_parallel_size", ep), ("tensor_model_parallel_size", tp),
+             ("sequence_parallel", str(tp > 1).lower()))
+    megatron = [f"{role}.megatron.{key}={value}" for key, value in sizes
                 for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")]
     config = parse_config([
         "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
-        "algorithm.adv_estimator=gae", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+        "algorithm.adv_estimator=gae", "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={2 * tp}",
         "actor_rollout_ref.model.path=builtin:tiny-moe", "critic.model.path=builtin:tiny-moe",
         "actor_rollout_ref.rollout.n=1", "critic.ppo_mini_batch_size=4",
         "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=0.01",
         "critic.optim.weight_decay=0.0", f"critic.grad_clip={CLIP}", *megatron])
     engine = megatron_engine("critic", config)
     assert parallel_state.get_expert_model_parallel_world_size() == ep
-    batch = _rows(rank)
+    batch = _rows(parallel_state.get_data_parallel_rank())
     result = {"before": engine.compute_values(batch).batch["values"].clone(), "metrics": []}
     for _ in range(2):  # the critic node leaves the current values in the batch
         result["metrics"].append(engine.update_critic(batch).metrics)
@@ -84,7 +92,7 @@ def _train_critic(rank: int, ep: int) -> dict:
     return result
 
 
-def _rank_main(rank: int, world_size: int, port: int, out: str) -> None:
+def _rank_main(rank: int, world_size: int, port: int, out: str, tp: int) -> None:
     import datetime
     import warnings
 
@@ -94,17 +102,19 @@ def _rank_main(rank: int, world_size: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=120))
-    runs = {ep: _train_critic(rank, ep) for ep in (1, 2)}
+    runs = {ep: _train_critic(ep, tp) for ep in (1, 2)}
     torch.save(runs, f"{out}/rank{rank}.pt")
     finish_rank()  # a failing rank raises instead
 
 
-def test_megatron_critic_at_expert_parallel_2_trains_like_ep_1(tmp_path):
-    context = mp.start_processes(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    join_spawned(context, "the 2-rank megatron critic run")
+def _check_critic_at_ep_2(tmp_path, tp: int) -> None:
+    """2 data-parallel ranks (x ``tp``): EP 2 gives EP 1's values, losses and norms."""
+    world = 2 * tp
+    context = mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path), tp),
+                                 nprocs=world, join=False, start_method="spawn")
+    join_spawned(context, f"the {world}-rank megatron critic run")
     tolerance = 1e-5  # float32: a few hundred rounded terms per value and per norm
-    for rank in range(2):
+    for rank in range(world):
         runs = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         ep1, ep2 = runs[1], runs[2]
         for when in ("before", "after"):
@@ -116,3 +126,15 @@ def test_megatron_critic_at_expert_parallel_2_trains_like_ep_1(tmp_path):
             for key in KEYS:
                 assert abs(got[key] - want[key]) <= tolerance * max(1.0, abs(want[key])), \
                     (rank, step, key, got[key], want[key])
+
+
+def test_megatron_critic_at_expert_parallel_2_trains_like_ep_1(tmp_path):
+    _check_critic_at_ep_2(tmp_path, tp=1)
+
+
+@pytest.mark.slow
+@megatron_full
+def test_megatron_critic_at_tp_2_by_ep_2_trains_like_ep_1(tmp_path):
+    """Four ranks: TP 2 (+ sequence parallelism) x 2 data-parallel ranks, each expert split
+    over TP too (expert TP = TP): the expert squares are summed over TP, then over EP."""
+    _check_critic_at_ep_2(tmp_path, tp=2)

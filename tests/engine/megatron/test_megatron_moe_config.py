@@ -1,7 +1,8 @@
 """The megatron section's expert-parallel keys: accepted where the engine runs them (the actor
-under megatron's DDP or, with virtual stages, its hand averaging, the reference in the actor's
-state, a megatron critic), refused with the reason where it would not (expert TP other than
-TP), and sized against the data-parallel ranks the experts are split over."""
+under megatron's DDP, the reference in the actor's state, a megatron critic averaging by
+hand), refused with the reason where it would not (expert TP other than TP, pipeline stages,
+so virtual stages too), and sized against the data-parallel ranks the experts are split
+over."""
 
 import pytest
 
@@ -31,16 +32,22 @@ def test_expert_tensor_parallelism_other_than_tp_is_refused():
     assert "expert_tensor_parallel_size null" in text, text
 
 
-def test_expert_parallelism_where_gradients_are_averaged_by_hand_is_accepted():
-    """A megatron critic and virtual stages average expert gradients over their expert
-    data-parallel group (siirl.engine.megatron.engines.grad_averager)."""
+def test_expert_parallelism_of_a_megatron_critic_is_accepted():
+    """The critic averages expert gradients over their expert data-parallel group by hand
+    (siirl.engine.megatron.engines.grad_averager)."""
     config = parse_config(EP2 + ["critic.strategy=megatron", "algorithm.adv_estimator=gae"],
                           validate=True)
     assert config.critic.strategy == "megatron"
-    parse_config(EP2 + ["trainer.n_gpus_per_node=4",
-                        f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
-                        f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2"],
-                 validate=True)
+
+
+@pytest.mark.parametrize("virtual", [[], [f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size"
+                                          "=2"]], ids=["pp", "vpp"])
+def test_expert_parallelism_with_pipeline_stages_is_refused(virtual):
+    """megatron-core asserts (at start-up of the workers) that experts split over pipeline
+    stages need its pipeline-last rank order, which siiRL's layout is not."""
+    text = _refusal(EP2 + ["trainer.n_gpus_per_node=4",
+                           f"{ACTOR}.megatron.pipeline_model_parallel_size=2", *virtual])
+    assert "pipeline_model_parallel_size=1" in text and "tp-cp-ep-pp-dp" in text, text
 
 
 def test_the_reference_follows_the_actors_expert_parallel_size():

@@ -90,6 +90,22 @@ def _expert_tp_differs(config: Any, key: str) -> bool:
         config, f"{key.rsplit('.', 1)[0]}.tensor_model_parallel_size")
 
 
+# megatron-core 0.16 (initialize_model_parallel) splits experts over pipeline stages only
+# with its pp-last rank order; siiRL's (tp-cp-ep-pp-dp) keeps a pipeline's workers together
+EXPERTS_WITH_PIPELINE = (
+    "megatron-core 0.16 splits experts across pipeline stages only when ranks are ordered "
+    "pipeline-last, while siiRL orders them tp-cp-ep-pp-dp so that the workers of one "
+    "pipeline are consecutive (the planner's layout): set "
+    f"{ACTOR}.megatron.pipeline_model_parallel_size=1 (split the model with "
+    "tensor_model_parallel_size and sequence_parallel=true instead) or "
+    "expert_model_parallel_size=1.")
+
+
+def _experts_with_pipeline(config: Any, key: str) -> bool:
+    return int(get(config, key) or 1) > 1 and \
+        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
+
+
 def _expert_rules(prefix: str, role: str) -> List[Rule]:
     """The actor's expert-parallel keys (the other roles run in the actor's parallel state:
     their own values may only repeat the actor's, see _MIRRORED)."""
@@ -100,6 +116,8 @@ def _expert_rules(prefix: str, role: str) -> List[Rule]:
                 "the megatron bridge splits every expert over the tensor-parallel ranks like "
                 "a dense MLP: leave expert_tensor_parallel_size null (it then equals "
                 "tensor_model_parallel_size).", _expert_tp_differs),
+        refused(f"{prefix}.expert_model_parallel_size", "not with pipeline stages",
+                EXPERTS_WITH_PIPELINE, _experts_with_pipeline),
     ]
 
 

@@ -13,7 +13,11 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from siirl.engine.common.runtime import ensure_distributed
-from siirl.engine.megatron.config import MegatronArguments, megatron_size_problems
+from siirl.engine.megatron.config import (
+    EXPERTS_WITH_PIPELINE,
+    MegatronArguments,
+    megatron_size_problems,
+)
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
 
@@ -61,6 +65,9 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
                           f"pipeline_model_parallel_size={pp} must divide the number of "
                           f"workers ({dist.get_world_size()})")
     ep = sizes["expert_model_parallel_size"]
+    if ep > 1 and pp > 1:  # the validation pass refuses it first
+        raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} with "
+                          f"pipeline_model_parallel_size={pp}: {EXPERTS_WITH_PIPELINE}")
     if (dist.get_world_size() // (tp * pp)) % ep:  # experts split over data-parallel ranks
         raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} must divide the "
                           f"data-parallel size ({dist.get_world_size()} workers / TP {tp} / "
