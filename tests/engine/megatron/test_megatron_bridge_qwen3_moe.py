@@ -40,8 +40,10 @@ from siirl.engine.megatron.bridge import (  # noqa: E402
 
 # qwen3_moe: full-softmax top-k weights (norm_topk_prob=False, megatron's pre-softmax);
 # qwen3_moe_norm and mixtral: renormalised top-k (softmax over the chosen logits)
-# qwen2_moe: Qwen3-MoE's routing plus a gated shared expert and biased q/k/v
-FAMILIES = ("qwen3", "qwen3_moe", "qwen3_moe_norm", "mixtral", "qwen2_moe")
+# qwen2_moe: Qwen3-MoE's routing plus a gated shared expert and biased q/k/v;
+# qwen2_moe_mixed: dense layers mixed in (decoder_sparse_step=2: layers 1, 3, ... have
+# experts; mlp_only_layers=[3] makes layer 3 dense too)
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_moe_norm", "mixtral", "qwen2_moe", "qwen2_moe_mixed")
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
     pytest.mark.filterwarnings("ignore:Apex is not installed:UserWarning"),
@@ -75,10 +77,12 @@ def tiny_model(family: str, num_layers: int = 2, seed: int = 0):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
             moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
             norm_topk_prob=family.endswith("norm"), **common))
-    elif family == "qwen2_moe":
+    elif family.startswith("qwen2_moe"):
+        mixed = dict(decoder_sparse_step=2, mlp_only_layers=[3]) if family.endswith("mixed") \
+            else {}
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
             moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4,
-            num_experts_per_tok=2, **common))
+            num_experts_per_tok=2, **mixed, **common))
     else:
         model = MixtralForCausalLM(MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
                                                  **common))
@@ -128,12 +132,22 @@ def test_expert_and_qk_norm_layouts():
                            state[f"{hf}self_attn.{n}_norm.weight"])
 
 
+def test_expert_layers_follow_hf():
+    from siirl.engine.megatron.model import transformer_config_from_hf
+    from siirl.engine.megatron.moe import expert_layers
+
+    config = tiny_model("qwen2_moe_mixed", num_layers=4).config
+    assert expert_layers(config) == [False, True, False, False]
+    assert transformer_config_from_hf(config).moe_layer_freq == [0, 1, 0, 0]
+    assert transformer_config_from_hf(tiny_model("mixtral").config).moe_layer_freq == 1
+
+
 def test_unsupported_moe_variants_are_refused():
     from siirl.engine.megatron.model import transformer_config_from_hf
 
     config = tiny_model("qwen3_moe").config
-    config.mlp_only_layers = [0]
-    with pytest.raises(NotImplementedError, match="mlp_only_layers"):
+    config.mlp_only_layers = [0, 1]  # no expert layer left: the dense architecture's
+    with pytest.raises(NotImplementedError, match="without one expert layer"):
         transformer_config_from_hf(config)
     config = tiny_model("mixtral").config
     config.router_jitter_noise = 0.1

@@ -66,8 +66,9 @@ class MegatronBackend:
         self.stages = PipelineStages(sequence_multiple(model_chunks(self.schedule_model)[0]
                                                        .config))
         # MoE: the router's auxiliary losses of the training micro-batches
-        self.router_losses = RouterLossLog() \
-            if model_chunks(self.schedule_model)[0].config.num_moe_experts else None
+        config = model_chunks(self.schedule_model)[0].config
+        self.router_losses = RouterLossLog(config.moe_layer_freq) \
+            if config.num_moe_experts else None
 
     @property
     def device(self) -> torch.device:

@@ -23,6 +23,8 @@ concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16
   experts' entries (entries of one HF tensor are consecutive). Qwen2-MoE's shared expert
   (``mlp.shared_expert``) is megatron's ``mlp.shared_experts`` MLP, split like a dense one,
   and its sigmoid gate ``mlp.shared_expert_gate`` the replicated ``shared_experts.gate_weight``.
+  Dense layers of an MoE model (Qwen2/3-MoE's ``mlp_only_layers``, ``decoder_sparse_step``)
+  map like a dense model's.
 * Layers are split evenly over PP stages (stage p holds global layers ``p*L/pp ...``); the
   embedding lives on the first stage, ``final_layernorm`` / ``output_layer`` on the last.
   With tied embeddings and PP > 1 the last stage holds a copy of the embedding as
@@ -47,7 +49,7 @@ from .model import (
     stage_layer_counts,
     unwrap_model,
 )
-from .moe import is_moe, num_experts, shared_expert_size
+from .moe import expert_layers, is_moe, num_experts, shared_expert_size
 
 __all__ = ["Entry", "hf_to_megatron", "iter_hf_weights", "layer_range", "load_hf_weights",
            "megatron_to_hf", "stage_entries", "stage_layer_counts"]
@@ -71,10 +73,12 @@ def local_experts(hf_config, ep_rank: int = 0, ep_size: int = 1) -> range:
     return range(ep_rank * total // ep_size, (ep_rank + 1) * total // ep_size)
 
 
-def _mlp_entries(hf_config, m: str, h: str, ep_rank: int, ep_size: int) -> list[Entry]:
-    """The MLP of one layer (after its norm): SwiGLU, or router and SequentialMLP experts
-    (this EP rank's: local expert ``i`` is global expert ``experts[i]``)."""
-    if not is_moe(hf_config):
+def _mlp_entries(hf_config, m: str, h: str, ep_rank: int, ep_size: int,
+                 experts_here: bool) -> list[Entry]:
+    """The MLP of one layer (after its norm): SwiGLU, or (``experts_here``) router and
+    SequentialMLP experts (this EP rank's: local expert ``i`` is global expert
+    ``experts[i]``)."""
+    if not experts_here:
         return [Entry(m + "mlp.linear_fc1.weight",
                       (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "fc1"),
                 Entry(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row")]
@@ -110,11 +114,12 @@ def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1, te_layout: bool
     if first:
         entries.append(Entry("embedding.word_embeddings.weight",
                              ("model.embed_tokens.weight",), "vocab"))
+    expert_layer = expert_layers(hf_config)
     for local, layer in enumerate(layer_range(hf_config.num_hidden_layers, pp_rank, pp_size)):
         m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
         ln_in = "self_attention.linear_qkv.layer_norm_weight" if te_layout else \
             "input_layernorm.weight"
-        ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te_layout and not is_moe(hf_config) \
+        ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te_layout and not expert_layer[layer] \
             else "pre_mlp_layernorm.weight"  # TE fuses no norm into a MoE layer
         entries += [
             Entry(m + ln_in, (h + "input_layernorm.weight",), "replicated"),
@@ -131,7 +136,7 @@ def stage_entries(hf_config, pp_rank: int = 0, pp_size: int = 1, te_layout: bool
             Entry(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",),
                   "row"),
             Entry(m + ln_mlp, (h + "post_attention_layernorm.weight",), "replicated"),
-            *_mlp_entries(hf_config, m, h, ep_rank, ep_size),
+            *_mlp_entries(hf_config, m, h, ep_rank, ep_size, expert_layer[layer]),
         ]
     if last:
         entries.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",),

@@ -26,6 +26,7 @@ from megatron.core.transformer import TransformerConfig
 
 from siirl.engine.megatron.moe import (
     check_moe,
+    expert_layers,
     is_moe,
     moe_config_kwargs,
     route_without_transformer_engine,
@@ -174,20 +175,49 @@ def have_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(use_te: bool | None = None, config: TransformerConfig | None = None):
+def layer_spec(use_te: bool | None = None, config: TransformerConfig | None = None,
+               experts: bool = True):
     """Transformer Engine layer spec when TE is importable, else megatron's local spec, with
-    ``config``'s QK-norm and experts (megatron's SequentialMLP: no grouped GEMM). With TE the
-    dense layers' RMSNorms are fused into ``linear_qkv`` / ``linear_fc1`` (the bridge
-    follows)."""
+    ``config``'s QK-norm and (``experts``) its experts (megatron's SequentialMLP: no grouped
+    GEMM). With TE the dense layers' RMSNorms are fused into ``linear_qkv`` /
+    ``linear_fc1`` (the bridge follows)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te is None:
         use_te = have_transformer_engine()
-    kwargs = {} if config is None else dict(num_experts=config.num_moe_experts,
-                                            qk_layernorm=config.qk_layernorm)
+    kwargs = {} if config is None else dict(
+        num_experts=config.num_moe_experts if experts else None,
+        qk_layernorm=config.qk_layernorm)
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**kwargs)
     return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kwargs)
+
+
+def _stage_spec(hf_config, config: TransformerConfig, use_te: bool, vp_stage: int | None):
+    """The layer spec of every layer (one spec), or with dense layers mixed into an MoE
+    model (``moe_layer_freq`` a pattern) the decoder-block spec of this stage's layers."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from siirl.engine.megatron.sequence_parallel import local_block_spec
+
+    pattern = expert_layers(hf_config)
+    if not is_moe(hf_config) or all(pattern):
+        spec = layer_spec(use_te, config)
+        # megatron's torch-norm fallback cannot do sequence parallelism
+        return spec if use_te else local_block_spec(spec, config, vp_stage)
+    expert, dense = layer_spec(use_te, config), layer_spec(use_te, config, experts=False)
+    offset = get_transformer_layer_offset(config, vp_stage)
+    specs = [expert if pattern[offset + i] else dense
+             for i in range(get_num_layers_to_build(config, vp_stage=vp_stage))]
+    if not use_te:
+        return local_block_spec(specs, config, vp_stage)
+    from megatron.core.extensions.transformer_engine import TENorm
+
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=TENorm)
 
 
 def rope_from_position_ids(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -245,11 +275,7 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
         use_te = have_transformer_engine()
     if is_moe(hf_config) and not use_te:
         route_without_transformer_engine()
-    spec = layer_spec(use_te, config)
-    if not use_te:  # megatron's torch-norm fallback cannot do sequence parallelism
-        from siirl.engine.megatron.sequence_parallel import local_block_spec
-
-        spec = local_block_spec(spec, config, vp_stage)
+    spec = _stage_spec(hf_config, config, use_te, vp_stage)
     model = HFPositionGPTModel(
         config=config,
         transformer_layer_spec=spec,

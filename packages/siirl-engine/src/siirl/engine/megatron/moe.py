@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe", "moe_config_kwargs", "num_experts",
-           "route_without_transformer_engine", "shared_expert_size"]
+__all__ = ["MOE_MODEL_TYPES", "check_moe", "expert_layers", "is_moe", "moe_config_kwargs",
+           "num_experts", "route_without_transformer_engine", "shared_expert_size"]
 
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 
@@ -44,6 +44,18 @@ def _expert_ffn_size(hf_config: Any) -> int:
     if hf_config.model_type in ("qwen2_moe", "qwen3_moe"):
         return int(hf_config.moe_intermediate_size)
     return int(hf_config.intermediate_size)
+
+
+def expert_layers(hf_config: Any) -> list[bool]:
+    """Which layers are expert layers, as Hugging Face builds them: Qwen2/3-MoE's layer i
+    unless it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step`` is not 0 (those
+    get a dense SwiGLU of ``intermediate_size``); every layer of Mixtral."""
+    layers = int(hf_config.num_hidden_layers)
+    if not is_moe(hf_config):
+        return [False] * layers
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
 
 
 def shared_expert_size(hf_config: Any) -> int | None:
@@ -71,13 +83,12 @@ def check_moe(hf_config: Any) -> None:
             f"the megatron bridge of a {name} maps transformers >= 5's fused expert tensors "
             f"(mlp.experts.gate_up_proj / down_proj); transformers {transformers.__version__} "
             "keeps one module per expert: upgrade transformers")
-    if getattr(hf_config, "mlp_only_layers", None) or int(
-            getattr(hf_config, "decoder_sparse_step", 1) or 1) != 1:
+    if not any(expert_layers(hf_config)):
         raise NotImplementedError(
-            f"a {name} mixing dense and expert layers (mlp_only_layers="
+            f"a {name} without one expert layer (mlp_only_layers="
             f"{getattr(hf_config, 'mlp_only_layers', None)}, decoder_sparse_step="
-            f"{getattr(hf_config, 'decoder_sparse_step', 1)}) is not mapped: every layer must "
-            "be an expert layer")
+            f"{getattr(hf_config, 'decoder_sparse_step', 1)}): load it as its dense "
+            "architecture")
     if float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0):
         raise NotImplementedError(
             f"router_jitter_noise={hf_config.router_jitter_noise}: HF scales the expert "
@@ -110,6 +121,9 @@ def moe_config_kwargs(hf_config: Any) -> dict[str, Any]:
         moe_permute_fusion=False,
         moe_shared_expert_intermediate_size=shared_expert_size(hf_config),
         moe_shared_expert_gate=shared_expert_size(hf_config) is not None,
+        # megatron's per-layer pattern where dense layers are mixed in (1: every layer)
+        moe_layer_freq=1 if all(expert_layers(hf_config)) else
+        [int(x) for x in expert_layers(hf_config)],
     )
 
 

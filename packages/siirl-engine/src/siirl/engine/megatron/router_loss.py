@@ -58,8 +58,15 @@ def router_overrides(overrides: Any, is_moe: bool, key: str) -> Dict[str, Any]:
 class RouterLossLog:
     """The router losses of each optimizer step's micro-batches, until the update reports."""
 
-    def __init__(self) -> None:
+    def __init__(self, moe_layer_freq: Any = 1) -> None:
         self.steps: List[Dict[str, float]] = []
+        self.moe_layer_freq = moe_layer_freq  # the model's pattern of expert layers
+
+    def moe_layers(self, layers: int) -> int:
+        """How many of ``layers`` are expert layers (megatron's ``moe_layer_freq``)."""
+        if isinstance(self.moe_layer_freq, int):
+            return len(range(0, layers, self.moe_layer_freq))
+        return max(1, sum(int(x) for x in self.moe_layer_freq))
 
     def record(self, num_micro_batches: int) -> None:
         """Read and clear megatron's tracker (collective over pipeline stages and data
@@ -77,8 +84,9 @@ class RouterLossLog:
         reduce_aux_losses_tracker_across_ranks(names)
         step: Dict[str, float] = defaultdict(float)
         for name in names:
-            values = tracker[name]["values"]
-            step[_TRACKED[name]] += float(values.sum()) / values.numel() / num_micro_batches
+            values = tracker[name]["values"]  # one entry per layer; dense layers stay 0
+            step[_TRACKED[name]] += float(values.sum()) / self.moe_layers(values.numel()) \
+                / num_micro_batches
         clear_aux_losses_tracker()
         self.steps.append(dict(step))
 

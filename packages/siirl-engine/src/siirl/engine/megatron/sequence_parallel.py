@@ -40,24 +40,25 @@ class MegatronQKNorm(torch.nn.RMSNorm):
 
 
 def local_block_spec(layer_spec: Any, config: Any, vp_stage: int | None = None) -> Any:
-    """The decoder-block spec of this stage from megatron's local layer spec, with
-    :class:`MegatronRMSNorm` for the layer norms and the final norm and
-    :class:`MegatronQKNorm` for QK-norms."""
+    """The decoder-block spec of this stage from megatron's local layer spec (or a list of
+    them, one per layer of the stage), with :class:`MegatronRMSNorm` for the layer norms and
+    the final norm and :class:`MegatronQKNorm` for QK-norms."""
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
 
-    layer_spec.submodules.input_layernorm = MegatronRMSNorm
-    layer_spec.submodules.pre_mlp_layernorm = MegatronRMSNorm
-    attention = layer_spec.submodules.self_attention.submodules
-    for name in ("q_layernorm", "k_layernorm"):
-        if getattr(attention, name, IdentityOp) is not IdentityOp:
-            setattr(attention, name, MegatronQKNorm)
-    return TransformerBlockSubmodules(
-        layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
-        layer_norm=MegatronRMSNorm)
+    specs = layer_spec if isinstance(layer_spec, list) else \
+        [layer_spec] * get_num_layers_to_build(config, vp_stage=vp_stage)
+    for spec in {id(spec): spec for spec in specs}.values():
+        spec.submodules.input_layernorm = MegatronRMSNorm
+        spec.submodules.pre_mlp_layernorm = MegatronRMSNorm
+        attention = spec.submodules.self_attention.submodules
+        for name in ("q_layernorm", "k_layernorm"):
+            if getattr(attention, name, IdentityOp) is not IdentityOp:
+                setattr(attention, name, MegatronQKNorm)
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=MegatronRMSNorm)
 
 
 def sequence_multiple(config: Any) -> int:
