@@ -138,3 +138,29 @@ def test_megatron_critic_at_tp_2_by_ep_2_trains_like_ep_1(tmp_path):
     """Four ranks: TP 2 (+ sequence parallelism) x 2 data-parallel ranks, each expert split
     over TP too (expert TP = TP): the expert squares are summed over TP, then over EP."""
     _check_critic_at_ep_2(tmp_path, tp=2)
+
+
+@pytest.mark.slow
+@megatron_full
+def test_ppo_with_a_megatron_critic_at_ep_2_on_two_ray_workers_trains_like_one_worker(tmp_path):
+    """End to end (validation, planner, Ray CPU workers): PPO on builtin:tiny-moe with actor,
+    reference and critic on megatron at EP 2 over two workers gives the one-worker run's
+    losses and grad norms (steps 1 and 2, within 1e-5)."""
+    from test_megatron_engine import (
+        MEGATRON,
+        PPO,
+        PPO_KEYS,
+        assert_close_steps,
+        ray_workers,
+        steps,
+        train,
+    )
+
+    run = [*PPO, *MEGATRON, "critic.strategy=megatron", "trainer.save_freq=-1",
+           "actor_rollout_ref.model.path=builtin:tiny-moe", "critic.model.path=builtin:tiny-moe"]
+    train(tmp_path / "one", *run)
+    overrides, env = ray_workers(2)
+    experts = [f"{role}.megatron.expert_model_parallel_size=2"
+               for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")]
+    train(tmp_path / "ep2", *run, *experts, *overrides, env=env)
+    assert_close_steps(steps(tmp_path / "ep2"), steps(tmp_path / "one"), PPO_KEYS)
