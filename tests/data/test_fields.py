@@ -45,6 +45,7 @@ OTHER_FIELDS = {
     fields.ROLLOUT_LOG_PROBS: "the vllm rollout",
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
     fields.REWARD_BASELINES: "remax (the greedy baseline's score)",
+    fields.ROUTED_EXPERTS: "the megatron actor's old-log-prob pass with router replay R2",
 }
 
 

@@ -62,6 +62,12 @@ CONTEXTS = {
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
         "actor_rollout_ref.actor.megatron.sequence_parallel=true",
         "actor_rollout_ref.model.lora_rank=8"],
+    # router replay R2: refused off megatron, and on megatron with packed rows
+    "router replay R2": ["actor_rollout_ref.actor.router_replay.mode=R2"],
+    "megatron router replay, packing": [
+        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+        "actor_rollout_ref.actor.router_replay.mode=R2",
+        "actor_rollout_ref.model.use_remove_padding=true"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],

@@ -97,7 +97,8 @@ def test_router_overrides_are_checked_where_the_model_is_known():
                                        ("actor_rollout_ref.rollout.enable_rollout_routing_replay",
                                         "true")])
 def test_router_replay_is_refused_with_the_reason(key, value):
-    """verl's router replay keys are known and refused (no rollout here reports routing)."""
+    """verl's R3 keys (and the reference's replay) are known and refused: no rollout here
+    reports its routing; R2 (tests/engine/megatron/test_megatron_router_replay.py) is not."""
     text = _refusal([f"{key}={value}"])
-    assert key in text and "router replay" in text and "do not report the experts" in text, text
+    assert key in text and "router replay R3" in text and "do not" in text, text
     parse_config([f"{ACTOR}.router_replay.mode=disabled"], validate=True)

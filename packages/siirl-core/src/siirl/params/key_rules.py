@@ -38,6 +38,15 @@ __all__ = ["NOT_APPLYING", "REFUSED", "RULES", "Rule", "always"]
 
 _ULYSSES = "ulysses_sequence_parallel_size"
 
+
+def _replay_refused(config, key: str) -> bool:
+    """A router-replay key set to what siiRL does not do: R3, the reference's replay, files."""
+    value = get(config, key)
+    if key.endswith(".mode"):
+        return value not in (("disabled", "R2") if key.startswith("actor_rollout_ref.actor.")
+                             else ("disabled",))
+    return bool(value)
+
 RULES: Tuple[Rule, ...] = (
     *section_rules(),
     # -- algorithm
@@ -105,14 +114,18 @@ RULES: Tuple[Rule, ...] = (
             "actor_rollout_ref.model.lora_merge_on_export"), "no effect without LoRA",
            "LoRA settings only act with actor_rollout_ref.model.lora_rank > 0.",
            lambda config, key: not (get(config, "actor_rollout_ref.model.lora_rank") or 0) > 0),
-    refused(("actor_rollout_ref.actor.router_replay.*", "actor_rollout_ref.ref.router_replay.*",
-             "actor_rollout_ref.rollout.enable_rollout_routing_replay"),
-            "router replay is not implemented",
-            "router replay (an MoE model's expert choices recorded and replayed in the "
-            "training forward) is not implemented: the vllm and sglang rollouts of this "
-            "release do not report the experts they route to, and neither the hf rollout nor "
-            "the megatron actor records or replays them (megatron-core's RouterReplay is not "
-            "wired); the training forward routes every token afresh. Leave mode=disabled."),
+    refused(("actor_rollout_ref.rollout.enable_rollout_routing_replay",
+             "actor_rollout_ref.ref.router_replay.*", "actor_rollout_ref.actor.router_replay.mode",
+             "actor_rollout_ref.actor.router_replay.record_file",
+             "actor_rollout_ref.actor.router_replay.replay_file"),
+            "only R2, the trainer's own routing",
+            "router replay R3 (the rollout's expert choices replayed in training) needs a "
+            "rollout that reports the experts it routes to, and the vllm, sglang and hf "
+            "rollouts here do not; mode=R2 replays the old-log-prob pass's routing in the "
+            "update instead (actor_rollout_ref.actor.router_replay.mode=R2, with its routing "
+            "kept in the batch, not in record_file / replay_file); the reference routes as "
+            "it is.",
+            _replay_refused),
     refused("critic.model.lora_rank", "LoRA is built for the actor only",
             "the critic trains all its weights; LoRA adapters are built for the actor "
             "(actor_rollout_ref.model.lora_rank) only: keep critic.model.lora_rank=0."),

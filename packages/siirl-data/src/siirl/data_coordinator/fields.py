@@ -49,6 +49,9 @@ REWARD_BASELINES = "reward_baselines"  # float32 [B]: the score of a greedy resp
 # --- actor / reference (MODEL_INFERENCE / ACTOR, REFERENCE) ---------------------------
 OLD_LOG_PROBS = "old_log_probs"  # float32 [B, R]: log-probs of the rollout policy
 REF_LOG_PROB = "ref_log_prob"  # float32 [B, R]: log-probs of the reference policy
+# uint8/int16 [B, S, L, k]: the experts each token was routed to in the old-log-prob pass, per
+# MoE layer (router replay, mode R2: the update routes through them again)
+ROUTED_EXPERTS = "routed_experts"
 
 # --- critic (MODEL_INFERENCE / CRITIC) -------------------------------------------------
 VALUES = "values"  # float32 [B, R]: value estimates of the response tokens

@@ -38,6 +38,7 @@ from siirl.data_coordinator.fields import (
     RESPONSE_MASK,
     RESPONSES,
     ROLLOUT_LOG_PROBS,
+    ROUTED_EXPERTS,
 )
 from siirl.engine.actor.on_policy import first_forward_is_log_prob_pass
 from siirl.engine.common.backend import (
@@ -46,6 +47,7 @@ from siirl.engine.common.backend import (
     MicroLoss,
     TrainBackend,
     forward_keys,
+    keep_routing,
 )
 from siirl.engine.common.dp_utils import dist_active, require
 from siirl.engine.common.dynamic_batch import TokenBudget
@@ -203,12 +205,15 @@ class DataParallelPPOActor(UpdatingRole):
             if not on_policy:
                 require(batch, FORWARD_KEYS, "update_policy")
                 batch.set(OLD_LOG_PROBS, self.compute_log_prob(batch)[0])
+                keep_routing(batch, self.backend)
         use_kl = bool(self.config.use_kl_loss)
         keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
         if float(self.config.tis_imp_ratio_cap or -1.0) > 0:
             keys += (ROLLOUT_LOG_PROBS,)
         if on_policy:
             keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
+        if ROUTED_EXPERTS in batch.keys():  # router replay R2
+            keys += (ROUTED_EXPERTS,)
         require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
         data = batch.select(*forward_keys(batch, keys))
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)

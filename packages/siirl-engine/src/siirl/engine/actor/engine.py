@@ -18,7 +18,7 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import ATTENTION_MASK, OLD_LOG_PROBS, RESPONSE_MASK
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.actor.on_policy import actor_update_settings, log_prob_budget
-from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.backend import TrainBackend, keep_routing
 from siirl.engine.common.dynamic_batch import check_backend
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.common.weight_sync import Bucket
@@ -58,6 +58,7 @@ class ActorEngine(TrainedEngine):
         """Adds ``old_log_probs``; logs the rollout policy's entropy as ``actor/entropy``."""
         log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
         batch.set(OLD_LOG_PROBS, log_probs)
+        keep_routing(batch, self.backend)  # router replay R2: the update routes the same
         metrics = {}
         # rows all masked out (every group filtered) have no entropy to report, not 0
         if RESPONSE_MASK in batch.keys() and bool(batch[RESPONSE_MASK].any()):

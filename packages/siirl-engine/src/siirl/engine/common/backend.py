@@ -19,6 +19,7 @@ from siirl.data_coordinator.fields import (
     INPUT_IDS,
     POSITION_IDS,
     RESPONSES,
+    ROUTED_EXPERTS,
     model_extra_inputs,
 )
 
@@ -29,6 +30,21 @@ FORWARD_KEYS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSES)
 def forward_keys(batch: Any, keys: tuple = FORWARD_KEYS) -> tuple:
     """``keys`` and the extra model inputs the batch carries (a VLA's images)."""
     return tuple(keys) + tuple(k for k in model_extra_inputs if k in batch.keys())
+
+
+def take_routing(backend: Any) -> Optional[torch.Tensor]:
+    """The routing a backend recorded in its last forward-only pass (router replay R2:
+    ``[B, S, layers, top-k]``, siirl.engine.megatron.router_replay), else None."""
+    routing = getattr(backend, "routing", None)
+    return routing.take() if routing is not None else None
+
+
+def keep_routing(batch: Any, backend: Any) -> None:
+    """Put the routing of the forward-only pass just run into ``batch`` (if any)."""
+    routing = take_routing(backend)
+    if routing is not None:
+        batch.set(ROUTED_EXPERTS, routing)
+
 
 # head(module, micro_batch) -> {name: [rows, response_length] tensor or None}
 HeadFn = Callable[[torch.nn.Module, Any], Dict[str, Optional[torch.Tensor]]]

@@ -60,7 +60,16 @@ def fsdp_rules(mount: Mount) -> List[Rule]:
                "no effect: FSDP2 shards every decoder layer",
                "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
                "replicates the whole model); wrapping and prefetch are not tunable."),
+        *([refused(_REPLAY_MODE, "router replay runs on the megatron actor",
+                   "router replay R2 records and replays megatron's routing "
+                   "(siirl.engine.megatron.router_replay); the fsdp actor's transformers MoE "
+                   "layers have no replay: set actor_rollout_ref.actor.strategy=megatron, or "
+                   "leave the mode disabled.", lambda config, key: get(config, key) == "R2")]
+          if mount.role == "actor" else []),
     ]
+
+
+_REPLAY_MODE = "actor_rollout_ref.actor.router_replay.mode"
 
 
 def offload_of_whole_module(prefix: str, offload_key: str) -> str:

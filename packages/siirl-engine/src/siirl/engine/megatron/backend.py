@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from siirl.data_coordinator.fields import RESPONSES
+from siirl.data_coordinator.fields import RESPONSES, ROUTED_EXPERTS
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.common.backend import Head, MicroLoss
 from siirl.engine.common.dp_utils import clip_grad_norm, step_if_finite
@@ -24,6 +24,7 @@ from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.packing import pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
 from siirl.engine.megatron.router_loss import RouterLossLog
+from siirl.engine.megatron.router_replay import RoutingReplay, routing_head
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
 from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
@@ -69,6 +70,7 @@ class MegatronBackend:
         config = model_chunks(self.schedule_model)[0].config
         self.router_losses = RouterLossLog(config.moe_layer_freq) \
             if config.num_moe_experts else None
+        self.routing: Optional[RoutingReplay] = None  # router replay R2 (the actor's)
 
     @property
     def device(self) -> torch.device:
@@ -92,9 +94,19 @@ class MegatronBackend:
             schedule = [pack_schedule_dict(batch, data[RESPONSES].shape[-1],
                                            self.stages.sequence_multiple)
                         for batch in schedule]
+        head_fn, routed = head.fn, None
+        if self.routing is not None:  # router replay R2 (megatron.router_replay)
+            routed = [] if forward_only else None
+            if not forward_only and ROUTED_EXPERTS in data.keys():
+                for batch, part in zip(schedule, parts, strict=True):
+                    batch[ROUTED_EXPERTS] = part[ROUTED_EXPERTS]
+            head_fn = routing_head(head.fn, self.routing, routed)
         if forward_only:
-            outputs = run_pipeline(self.schedule_model, schedule, head.fn, forward_only=True)
+            outputs = run_pipeline(self.schedule_model, schedule, head_fn, forward_only=True)
             rows = data.batch_size[0]
+            if routed is not None:
+                routing = torch.cat(routed)[:rows]
+                self.routing.keep(routing if restore is None else routing[restore])
             shape = (rows, data[RESPONSES].shape[-1])
             result = {}
             for name in head.outputs:
@@ -109,7 +121,7 @@ class MegatronBackend:
             return loss_fn(parts[index], {name: value.float() for name, value in
                                           outputs.items() if value is not None})
 
-        run_pipeline(self.schedule_model, schedule, head.fn, step_loss)
+        run_pipeline(self.schedule_model, schedule, head_fn, step_loss)
         if self.router_losses is not None:
             self.router_losses.record(len(schedule))
         return None

@@ -121,6 +121,15 @@ def _expert_rules(prefix: str, role: str) -> List[Rule]:
     ]
 
 
+def _replay_not_here(config: Any, key: str) -> bool:
+    """Router replay R2 where this release cannot replay: pipeline stages, tensor
+    parallelism (sequence-parallel token splits) or packed rows."""
+    return get(config, key) == "R2" and (
+        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
+        or int(get(config, f"{ACTOR}.megatron.tensor_model_parallel_size") or 1) > 1
+        or bool(get(config, "actor_rollout_ref.model.use_remove_padding")))
+
+
 def _own_role_on_megatron(config: Any, key: str) -> bool:
     """The role of ``key`` (its ``strategy`` sibling) runs on megatron too."""
     return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
@@ -167,6 +176,15 @@ def _role_keys(mount: Mount) -> List[Rule]:
     rules = [
         _lora_rule(mount.role),
     ]
+    if mount.role == "actor":
+        rules.append(refused(
+            f"{ACTOR}.router_replay.mode", "R2: one stage, no TP, padded rows",
+            "router replay R2 keeps each token's experts per row of the padded batch and "
+            "replays them on this worker's own routers: set "
+            f"{ACTOR}.megatron.pipeline_model_parallel_size=1 and "
+            "tensor_model_parallel_size=1 (expert_model_parallel_size splits the experts) "
+            "and actor_rollout_ref.model.use_remove_padding=false, or leave the mode "
+            "disabled.", _replay_not_here))
     # one rule for both roles' keys where both run on megatron (one line for both)
     ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \
         else (f"{REF}.{_ULYSSES}",)

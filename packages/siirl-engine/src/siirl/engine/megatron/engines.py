@@ -37,7 +37,8 @@ from siirl.engine.megatron.mixed_precision import (
     rollout_weight_dtype,
     with_main_params,
 )
-from siirl.engine.megatron.moe import is_moe
+from siirl.engine.megatron.moe import is_moe, num_experts
+from siirl.engine.megatron.router_replay import RoutingReplay, replay_settings
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
 from siirl.engine.megatron.transformer_overrides import transformer_overrides
 from siirl.engine.models.loader import load_model_and_tokenizer
@@ -157,6 +158,7 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                         "actor_rollout_ref.actor.megatron.dtype")
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     overrides = _overrides(cfg.actor_rollout_ref.actor.megatron, hf_model.config, ACTOR_KEY)
+    replays = replay_settings(cfg, hf_model.config, overrides)
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg), dtype,
                                  start, overrides)
     if start is not None:
@@ -171,6 +173,8 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                               merge_on_export=bool(cfg.actor_rollout_ref.model
                                                    .lora_merge_on_export),
                               packing=bool(cfg.actor_rollout_ref.model.use_remove_padding))
+    if replays:
+        backend.routing = RoutingReplay(model, num_experts(hf_model.config))
     # a LoRA actor's reference is its own stage with the adapters off: no initial copy
     initial = copy.deepcopy(hf_model) if dp > 1 and adapters is None else None
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,

@@ -1,0 +1,134 @@
+"""verl's MoE router replay, mode R2, on the megatron actor (``actor.router_replay.mode``).
+
+The old-log-prob pass records, per token and MoE layer, the experts megatron's router chose
+(its ``RouterReplay``, built into each router with ``moe_enable_routing_replay``); the update's
+forwards then route every token through those same experts while the routing weights are
+computed afresh from the live router (so the router still learns). Without it, an update
+that has moved the router scores a token through other experts than the policy that
+sampled it, and the importance ratio compares two different sub-networks.
+
+Where the planner leaves the old-log-prob pass out (``siirl.engine.actor.on_policy``: each
+row is forwarded once, by the policy that gave its old log-probs) there is nothing to
+replay and the update routes as it is.
+
+Layout: the router sees a micro-batch's tokens sequence-major (``[S, B]`` flattened, after
+the schedule's left padding); the batch keeps them per row, ``[B, S, layers, top-k]``, as
+uint8 (int16 above 256 experts), so rows can be regrouped into other micro-batches for the
+update. This rank's routers only: pipeline stages, tensor parallelism (whose sequence
+parallelism splits tokens over the ranks) and packed rows are refused by the key rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, List, Optional
+
+import torch
+
+from siirl.data_coordinator.fields import ROUTED_EXPERTS
+
+__all__ = ["ROUTED_EXPERTS", "RoutingReplay", "replay_settings", "routing_head"]
+
+
+class RoutingReplay:
+    """Records the routers' choices in forward-only passes and replays them in the
+    micro-batches of an update."""
+
+    def __init__(self, model: torch.nn.Module, num_experts: int):
+        self.replays = [m.router_replay for m in model.modules()
+                        if getattr(m, "router_replay", None) is not None]
+        if not self.replays:
+            raise ValueError("router replay needs a model built with moe_enable_routing_replay")
+        self.dtype = torch.uint8 if num_experts <= 256 else torch.int16
+        self._recorded: Optional[torch.Tensor] = None
+
+    @contextlib.contextmanager
+    def recording(self, parts: List[torch.Tensor]) -> Iterator[None]:
+        """Within: every forward's routing is appended to ``parts`` as ``[B, S, L, k]``."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        for replay in self.replays:
+            replay.set_router_replay_action(RouterReplayAction.RECORD)
+        try:
+            yield
+        finally:
+            for replay in self.replays:
+                replay.clear_router_replay_action()
+                replay.clear_indices()
+
+    def record_micro_batch(self, batch_rows: int, parts: List[torch.Tensor]) -> None:
+        """After a forward of ``batch_rows`` rows: its routing as one ``[B, S, L, k]`` part."""
+        layers = [replay.get_recorded_indices() for replay in self.replays]
+        per_layer = [idx.reshape(-1, batch_rows, idx.shape[-1]).transpose(0, 1)
+                     for idx in layers]  # [S*B, k] sequence-major -> [B, S, k]
+        parts.append(torch.stack(per_layer, dim=2).to(self.dtype).cpu())
+        for replay in self.replays:
+            replay.clear_indices()
+
+    @contextlib.contextmanager
+    def replaying(self, routed: torch.Tensor) -> Iterator[None]:
+        """Within: the forward of the micro-batch whose rows' routing is ``routed``
+        ``[B, S, L, k]`` routes through it."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        if routed.shape[2] != len(self.replays):
+            raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
+                             f"{len(self.replays)}")
+        for layer, replay in enumerate(self.replays):
+            # [B, S, k] -> the router's sequence-major [S*B, k]
+            replay.set_target_indices(routed[:, :, layer].transpose(0, 1)
+                                      .reshape(-1, routed.shape[-1]).long())
+            replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        try:
+            yield
+        finally:
+            for replay in self.replays:
+                replay.clear_router_replay_action()
+                replay.clear_indices()
+
+    def keep(self, routing: Optional[torch.Tensor]) -> None:
+        self._recorded = routing
+
+    def take(self) -> Optional[torch.Tensor]:
+        """The last forward-only pass's routing, ``[B, S, L, k]`` in the batch's row order."""
+        routing, self._recorded = self._recorded, None
+        return routing
+
+
+def routing_head(head_fn: Any, routing: RoutingReplay, parts: Optional[List[torch.Tensor]]
+                 ) -> Any:
+    """``head_fn`` that records its micro-batch's routing into ``parts`` (a forward-only
+    pass), or replays the micro-batch's ``routed_experts`` (an update)."""
+
+    def head(module: torch.nn.Module, batch: dict) -> Any:
+        routed = batch.pop(ROUTED_EXPERTS, None)
+        if parts is not None:
+            with routing.recording(parts):
+                out = head_fn(module, batch)
+                routing.record_micro_batch(batch["input_ids"].shape[0], parts)
+            return out
+        if routed is None:
+            return head_fn(module, batch)
+        with routing.replaying(routed):
+            return head_fn(module, batch)
+    return head
+
+
+def replay_settings(cfg: Any, hf_config: Any, overrides: dict) -> bool:
+    """Whether the actor replays its routing (``router_replay.mode=R2``); adds megatron's
+    ``moe_enable_routing_replay`` to the TransformerConfig ``overrides`` then."""
+    from siirl.engine.megatron.moe import is_moe
+    from siirl.errors import ConfigError
+
+    key = "actor_rollout_ref.actor.router_replay.mode"
+    if str(cfg.actor_rollout_ref.actor.router_replay.mode) != "R2":
+        return False
+    if not is_moe(hf_config):
+        raise ConfigError(f"{key}=R2: the model ({hf_config.model_type}) has no router to "
+                          "replay; leave the mode disabled for a dense model.")
+    if overrides.get("recompute_granularity"):
+        raise ConfigError(f"{key}=R2 with activation recompute (override_transformer_config."
+                          "recompute_granularity): the recomputed forward would route afresh; "
+                          "use one or the other.")
+    overrides["moe_enable_routing_replay"] = True
+    return True

@@ -1,0 +1,145 @@
+"""verl's router replay, mode R2, on the megatron actor (``siirl.engine.megatron.router_replay``):
+the old-log-prob pass records each token's experts per MoE layer into the batch, and a
+forward that replays them routes through exactly those experts (replaying the routing a
+forward would choose itself changes nothing; replaying another one changes the log-probs).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from siirl.data_coordinator.fields import OLD_LOG_PROBS, ROUTED_EXPERTS  # noqa: E402
+
+ACTOR = "actor_rollout_ref.actor"
+MOE = ["actor_rollout_ref.model.path=builtin:tiny-moe", "actor_rollout_ref.rollout.n=1"]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
+              pytest.mark.filterwarnings("ignore:Apex is not installed:UserWarning")]
+
+
+def _batch():
+    from siirl.data_coordinator.protocol import make_batch
+
+    g = torch.Generator().manual_seed(0)
+    rows, prompt, response = 4, 6, 6
+    ids = torch.randint(3, 58, (rows, prompt + response), generator=g)  # tiny-moe's vocab
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded row
+    return make_batch({
+        "input_ids": ids, "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - 1).clamp(min=0), "responses": ids[:, prompt:],
+        "response_mask": torch.ones(rows, response),
+        "advantages": torch.randn(rows, response, generator=g)})
+
+
+@pytest.fixture(scope="module")
+def actor():
+    from siirl.engine.megatron.engines import megatron_actor
+    from siirl.params.parser import parse_config
+
+    return megatron_actor(parse_config([
+        "trainer.device=cpu", f"{ACTOR}.strategy=megatron", *MOE,
+        f"{ACTOR}.ppo_mini_batch_size=4", f"{ACTOR}.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+        f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.router_replay.mode=R2"]))
+
+
+def _logprobs(actor, batch, routed=None):
+    """The actor's log-probs of ``batch``, routing through ``routed`` where given."""
+    from siirl.engine.megatron.heads import megatron_logprobs
+
+    model, replay = actor.backend.schedule_model, actor.backend.routing
+    args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+            batch["responses"].shape[-1])
+    with torch.no_grad():
+        if routed is None:
+            return megatron_logprobs(model, *args)[0]
+        with replay.replaying(routed):
+            return megatron_logprobs(model, *args)[0]
+
+
+def test_the_old_log_prob_pass_records_every_tokens_experts(actor):
+    batch = actor.compute_log_prob(_batch()).batch
+    routed = batch[ROUTED_EXPERTS]
+    # rows x tokens x the model's 3 MoE layers x top-2, in micro-batches of 3 put back in
+    # row order
+    assert routed.shape == (4, 12, 3, 2) and routed.dtype == torch.uint8
+    assert int(routed.max()) < 4 and bool((routed[..., 0] != routed[..., 1]).all())
+    # fp32 rounding: the old-log-prob pass ran micro-batches of 3 rows, this one all 4
+    torch.testing.assert_close(_logprobs(actor, batch), batch[OLD_LOG_PROBS], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_replayed_forward_routes_through_the_recorded_experts(actor):
+    batch = actor.compute_log_prob(_batch()).batch
+    before = batch[ROUTED_EXPERTS]
+    # replaying what the router chooses itself changes nothing
+    torch.testing.assert_close(_logprobs(actor, batch, before), _logprobs(actor, batch),
+                               rtol=1e-5, atol=1e-6)
+    routers = [m for m in actor.backend.schedule_model.modules()
+               if getattr(m, "router_replay", None) is not None]
+    saved = [r.weight.detach().clone() for r in routers]
+    try:
+        with torch.no_grad():  # the update moved the routers: other experts now win
+            for router in routers:
+                router.weight.add_(torch.randn(router.weight.shape,
+                                               generator=torch.Generator().manual_seed(1)))
+        after = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
+        assert bool((after != before).any())
+        fresh, replayed = _logprobs(actor, batch), _logprobs(actor, batch, before)
+        assert (fresh - replayed).abs().max() > 1e-4  # the old experts, not today's
+        torch.testing.assert_close(_logprobs(actor, batch, after), fresh, rtol=1e-5, atol=1e-6)
+    finally:
+        with torch.no_grad():
+            for router, weight in zip(routers, saved, strict=True):
+                router.weight.copy_(weight)
+
+
+def test_the_update_routes_through_the_batchs_experts(actor):
+    # the update's forwards (one optimizer step: before it, the old-log-prob weights) route
+    # through the recorded experts: the old log-probs come back (fp32 rounding of other
+    # micro-batch sizes)
+    batch = actor.compute_log_prob(_batch()).batch
+    metrics = actor.update_policy(batch).metrics
+    assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-5)
+    # other experts in the batch: the update's forward follows them, not the router
+    batch = actor.compute_log_prob(_batch()).batch
+    batch.set(ROUTED_EXPERTS, (batch[ROUTED_EXPERTS] + 1) % 4)  # still two distinct experts
+    assert abs(actor.update_policy(batch).metrics["actor/ppo_kl"]) > 1e-3
+
+
+def test_r2_trains_grpo_on_the_megatron_actor(tmp_path):
+    """Two epochs per step keep the old-log-prob pass (the planner cannot take it from the
+    update), so the routing travels in the batch from that node to the update's."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "siirl.main_dag", f"trainer.default_local_dir={tmp_path}",
+         f"{ACTOR}.strategy=megatron", "actor_rollout_ref.model.path=builtin:tiny-moe",
+         f"{ACTOR}.router_replay.mode=R2", f"{ACTOR}.ppo_epochs=2",
+         "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+         f"{ACTOR}.ppo_mini_batch_size=8", "trainer.total_training_steps=2",
+         "trainer.logger=[]", "trainer.val_before_train=false", "trainer.test_freq=-1"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if "actor/pg_loss" in line]
+    assert len(steps) == 2 and all(abs(s["actor/pg_loss"]) < 10 for s in steps)
+    assert any(key.startswith("timing_s/") and "old_log_prob" in key for key in steps[0]), steps[0]
+
+
+def test_r2_is_refused_where_it_cannot_replay():
+    from siirl.errors import ConfigError
+    from siirl.params.parser import parse_config
+
+    for extra, reason in ((["actor_rollout_ref.model.use_remove_padding=true",
+                            f"{ACTOR}.strategy=megatron"], "use_remove_padding=false"),
+                          ([], "strategy=megatron"),
+                          ([f"{ACTOR}.strategy=megatron", f"{ACTOR}.router_replay.mode=R3"],
+                           "rollout that reports")):
+        overrides = [f"{ACTOR}.router_replay.mode=R2", *extra]
+        with pytest.raises(ConfigError, match=reason):
+            parse_config(overrides, validate=True)
