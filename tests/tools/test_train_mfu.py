@@ -109,8 +109,10 @@ def test_megatron_backend_trains_on_cpu(cpu_run):
                                                            abs=1e-4)
 
 
-def test_full_size_without_a_gpu_is_refused_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu",
+@pytest.mark.parametrize("script", [SCRIPT, SCRIPT.with_name("megatron_fsdp_logprobs.py")],
+                         ids=["train_mfu", "megatron_fsdp_logprobs"])
+def test_full_size_without_a_gpu_is_refused_in_one_line(script, tmp_path):
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu",
                            "--out", str(tmp_path / "x.json")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2

@@ -9,6 +9,7 @@ pytest.importorskip("megatron.core")
 
 from siirl.engine.megatron.transformer_overrides import transformer_overrides  # noqa: E402
 from siirl.errors import ConfigError  # noqa: E402
+from siirl_rollout_rows import rollout_rows  # noqa: E402
 
 KEY = "actor_rollout_ref.actor.megatron.override_transformer_config"
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform",
@@ -38,18 +39,7 @@ def test_unknown_names_shape_keys_and_bad_enum_values_are_refused():
 
 
 def _batch():
-    from siirl.data_coordinator.protocol import make_batch
-
-    g = torch.Generator().manual_seed(0)
-    rows, prompt, response = 4, 6, 6
-    ids = torch.randint(3, 20, (rows, prompt + response), generator=g)  # builtin vocab
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # a left-padded row
-    return make_batch({
-        "input_ids": ids, "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - 1).clamp(min=0), "responses": ids[:, prompt:],
-        "response_mask": torch.ones(rows, response),
-        "advantages": torch.randn(rows, response, generator=g)})
+    return rollout_rows(vocab=20)  # the model's vocabulary
 
 
 def _update(*overrides):

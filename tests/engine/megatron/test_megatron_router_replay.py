@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from siirl.data_coordinator.fields import OLD_LOG_PROBS, ROUTED_EXPERTS  # noqa: E402
+from siirl_rollout_rows import rollout_rows  # noqa: E402
 
 ACTOR = "actor_rollout_ref.actor"
 MOE = ["actor_rollout_ref.model.path=builtin:tiny-moe", "actor_rollout_ref.rollout.n=1"]
@@ -22,18 +23,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
 
 
 def _batch():
-    from siirl.data_coordinator.protocol import make_batch
-
-    g = torch.Generator().manual_seed(0)
-    rows, prompt, response = 4, 6, 6
-    ids = torch.randint(3, 58, (rows, prompt + response), generator=g)  # tiny-moe's vocab
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # a left-padded row
-    return make_batch({
-        "input_ids": ids, "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - 1).clamp(min=0), "responses": ids[:, prompt:],
-        "response_mask": torch.ones(rows, response),
-        "advantages": torch.randn(rows, response, generator=g)})
+    return rollout_rows(vocab=58)  # the model's vocabulary
 
 
 @pytest.fixture(scope="module")

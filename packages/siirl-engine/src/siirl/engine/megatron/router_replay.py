@@ -43,18 +43,23 @@ class RoutingReplay:
         self._recorded: Optional[torch.Tensor] = None
 
     @contextlib.contextmanager
-    def recording(self, parts: List[torch.Tensor]) -> Iterator[None]:
-        """Within: every forward's routing is appended to ``parts`` as ``[B, S, L, k]``."""
+    def _acting(self, action: str) -> Iterator[None]:
+        """Within: every router records (``"RECORD"``) or replays its target indices
+        (``"REPLAY_FORWARD"``); after, they route as usual and hold no indices."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
         for replay in self.replays:
-            replay.set_router_replay_action(RouterReplayAction.RECORD)
+            replay.set_router_replay_action(RouterReplayAction[action])
         try:
             yield
         finally:
             for replay in self.replays:
                 replay.clear_router_replay_action()
                 replay.clear_indices()
+
+    def recording(self) -> contextlib.AbstractContextManager:
+        """Within: the routers record; :meth:`record_micro_batch` reads them after a forward."""
+        return self._acting("RECORD")
 
     def record_micro_batch(self, batch_rows: int, parts: List[torch.Tensor]) -> None:
         """After a forward of ``batch_rows`` rows: its routing as one ``[B, S, L, k]`` part."""
@@ -65,12 +70,9 @@ class RoutingReplay:
         for replay in self.replays:
             replay.clear_indices()
 
-    @contextlib.contextmanager
-    def replaying(self, routed: torch.Tensor) -> Iterator[None]:
+    def replaying(self, routed: torch.Tensor) -> contextlib.AbstractContextManager:
         """Within: the forward of the micro-batch whose rows' routing is ``routed``
         ``[B, S, L, k]`` routes through it."""
-        from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
         if routed.shape[2] != len(self.replays):
             raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
                              f"{len(self.replays)}")
@@ -78,13 +80,7 @@ class RoutingReplay:
             # [B, S, k] -> the router's sequence-major [S*B, k]
             replay.set_target_indices(routed[:, :, layer].transpose(0, 1)
                                       .reshape(-1, routed.shape[-1]).long())
-            replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
-        try:
-            yield
-        finally:
-            for replay in self.replays:
-                replay.clear_router_replay_action()
-                replay.clear_indices()
+        return self._acting("REPLAY_FORWARD")
 
     def keep(self, routing: Optional[torch.Tensor]) -> None:
         self._recorded = routing
@@ -103,7 +99,7 @@ def routing_head(head_fn: Any, routing: RoutingReplay, parts: Optional[List[torc
     def head(module: torch.nn.Module, batch: dict) -> Any:
         routed = batch.pop(ROUTED_EXPERTS, None)
         if parts is not None:
-            with routing.recording(parts):
+            with routing.recording():
                 out = head_fn(module, batch)
                 routing.record_micro_batch(batch["input_ids"].shape[0], parts)
             return out
