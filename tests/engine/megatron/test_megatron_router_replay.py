@@ -10,11 +10,15 @@ import sys
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 pytest.importorskip("megatron.core")
 
+from test_megatron_bridge import free_port  # noqa: E402
+
 from siirl.data_coordinator.fields import OLD_LOG_PROBS, ROUTED_EXPERTS  # noqa: E402
 from siirl_rollout_rows import rollout_rows  # noqa: E402
+from siirl_spawn import finish_rank, join_spawned  # noqa: E402
 
 ACTOR = "actor_rollout_ref.actor"
 MOE = ["actor_rollout_ref.model.path=builtin:tiny-moe", "actor_rollout_ref.rollout.n=1"]
@@ -26,8 +30,7 @@ def _batch():
     return rollout_rows(vocab=58)  # the model's vocabulary
 
 
-@pytest.fixture(scope="module")
-def actor():
+def _actor(*extra):
     from siirl.engine.megatron.engines import megatron_actor
     from siirl.params.parser import parse_config
 
@@ -35,7 +38,12 @@ def actor():
         "trainer.device=cpu", f"{ACTOR}.strategy=megatron", *MOE,
         f"{ACTOR}.ppo_mini_batch_size=4", f"{ACTOR}.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
-        f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.router_replay.mode=R2"]))
+        f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.router_replay.mode=R2", *extra]))
+
+
+@pytest.fixture(scope="module")
+def actor():
+    return _actor()
 
 
 def _logprobs(actor, batch, routed=None):
@@ -90,6 +98,10 @@ def test_a_replayed_forward_routes_through_the_recorded_experts(actor):
 
 
 def test_the_update_routes_through_the_batchs_experts(actor):
+    _update_follows_the_batchs_experts(actor)
+
+
+def _update_follows_the_batchs_experts(actor):
     # the update's forwards (one optimizer step: before it, the old-log-prob weights) route
     # through the recorded experts: the old log-probs come back (fp32 rounding of other
     # micro-batch sizes)
@@ -101,6 +113,37 @@ def test_the_update_routes_through_the_batchs_experts(actor):
     batch = actor.compute_log_prob(_batch()).batch
     batch.set(ROUTED_EXPERTS, (batch[ROUTED_EXPERTS] + 1) % 4)  # still two distinct experts
     assert abs(actor.update_policy(batch).metrics["actor/ppo_kl"]) > 1e-3
+
+
+def _tp2_rank(rank: int, world_size: int, port: int) -> None:
+    import datetime
+    import warnings
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    actor = _actor(f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+                   f"{ACTOR}.megatron.sequence_parallel=true")
+    routed = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
+    # each rank's routers saw half of every sequence; both keep the whole sequence's routing
+    assert routed.shape == (4, 12, 3, 2)
+    both = [torch.empty_like(routed) for _ in range(world_size)]
+    dist.all_gather(both, routed)
+    assert torch.equal(both[0], both[1])
+    _update_follows_the_batchs_experts(actor)  # each rank replays its half
+    dist.barrier()
+    parallel_state.destroy_model_parallel()
+    finish_rank()
+
+
+def test_r2_at_tp_2_with_sequence_parallelism_over_gloo():
+    context = mp.start_processes(_tp2_rank, args=(2, free_port()), nprocs=2, join=False,
+                                 start_method="spawn")
+    join_spawned(context, "the 2-rank router replay run")
 
 
 def test_r2_trains_grpo_on_the_megatron_actor(tmp_path):

@@ -174,7 +174,8 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                                                    .lora_merge_on_export),
                               packing=bool(cfg.actor_rollout_ref.model.use_remove_padding))
     if replays:
-        backend.routing = RoutingReplay(model, num_experts(hf_model.config))
+        backend.routing = RoutingReplay(model, num_experts(hf_model.config),
+                                        tp_group if sequence_parallel(cfg) else None)
     # a LoRA actor's reference is its own stage with the adapters off: no initial copy
     initial = copy.deepcopy(hf_model) if dp > 1 and adapters is None else None
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,

@@ -12,10 +12,12 @@ row is forwarded once, by the policy that gave its old log-probs) there is nothi
 replay and the update routes as it is.
 
 Layout: the router sees a micro-batch's tokens sequence-major (``[S, B]`` flattened, after
-the schedule's left padding); the batch keeps them per row, ``[B, S, layers, top-k]``, as
-uint8 (int16 above 256 experts), so rows can be regrouped into other micro-batches for the
-update. This rank's routers only: pipeline stages, tensor parallelism (whose sequence
-parallelism splits tokens over the ranks) and packed rows are refused by the key rules.
+the schedule's left padding); with sequence parallelism (tensor parallelism on an MoE
+model) TP rank r sees the r-th contiguous slice of the sequence, so the slices are gathered
+over the TP group to record and each rank replays its own. The batch keeps the routing per
+row, ``[B, S, layers, top-k]``, as uint8 (int16 above 256 experts), the same on every TP
+rank, so rows can be regrouped into other micro-batches for the update. Pipeline stages
+(whose routers sit on other ranks) and packed rows are refused by the key rules.
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ class RoutingReplay:
     """Records the routers' choices in forward-only passes and replays them in the
     micro-batches of an update."""
 
-    def __init__(self, model: torch.nn.Module, num_experts: int):
+    def __init__(self, model: torch.nn.Module, num_experts: int, tp_group: Any = None):
         self.replays = [m.router_replay for m in model.modules()
                         if getattr(m, "router_replay", None) is not None]
+        # sequence parallelism: this rank's routers see 1 / TP of each sequence
+        self.tp_group = tp_group
+        self.tp_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+        self.tp_rank = torch.distributed.get_rank(tp_group) if tp_group is not None else 0
         if not self.replays:
             raise ValueError("router replay needs a model built with moe_enable_routing_replay")
         self.dtype = torch.uint8 if num_experts <= 256 else torch.int16
@@ -63,9 +69,10 @@ class RoutingReplay:
 
     def record_micro_batch(self, batch_rows: int, parts: List[torch.Tensor]) -> None:
         """After a forward of ``batch_rows`` rows: its routing as one ``[B, S, L, k]`` part."""
-        layers = [replay.get_recorded_indices() for replay in self.replays]
-        per_layer = [idx.reshape(-1, batch_rows, idx.shape[-1]).transpose(0, 1)
-                     for idx in layers]  # [S*B, k] sequence-major -> [B, S, k]
+        recorded = [replay.get_recorded_indices() for replay in self.replays]
+        # [S*B, k] sequence-major -> [S, B, k] (the whole sequence) -> [B, S, k]
+        per_layer = [self._whole_sequence(idx.reshape(-1, batch_rows, idx.shape[-1]))
+                     .transpose(0, 1) for idx in recorded]
         parts.append(torch.stack(per_layer, dim=2).to(self.dtype).cpu())
         for replay in self.replays:
             replay.clear_indices()
@@ -77,10 +84,20 @@ class RoutingReplay:
             raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
                              f"{len(self.replays)}")
         for layer, replay in enumerate(self.replays):
-            # [B, S, k] -> the router's sequence-major [S*B, k]
-            replay.set_target_indices(routed[:, :, layer].transpose(0, 1)
-                                      .reshape(-1, routed.shape[-1]).long())
+            # [B, S, k] -> this rank's slice of the sequence -> sequence-major [S*B, k]
+            tokens = routed[:, :, layer].transpose(0, 1)
+            step = tokens.shape[0] // self.tp_size
+            tokens = tokens[self.tp_rank * step:(self.tp_rank + 1) * step]
+            replay.set_target_indices(tokens.reshape(-1, routed.shape[-1]).long())
         return self._acting("REPLAY_FORWARD")
+
+    def _whole_sequence(self, local: torch.Tensor) -> torch.Tensor:
+        """``[S / TP, B, k]`` of this rank -> ``[S, B, k]`` (the TP ranks' slices in order)."""
+        if self.tp_size == 1:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+        torch.distributed.all_gather(parts, local.contiguous(), group=self.tp_group)
+        return torch.cat(parts)
 
     def keep(self, routing: Optional[torch.Tensor]) -> None:
         self._recorded = routing
