@@ -45,12 +45,6 @@ CONTEXTS = {
                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     # the megatron section's rules at the reference's mount (the actor's shadow them above)
     "megatron reference": ["actor_rollout_ref.ref.strategy=megatron"],
-    # a refusal of one value of a string key (the search below tries other strings only)
-    "megatron float16": ["actor_rollout_ref.actor.strategy=megatron",
-                         "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron",
-                         "actor_rollout_ref.actor.megatron.dtype=float16",
-                         "actor_rollout_ref.ref.megatron.dtype=float16",
-                         "critic.megatron.dtype=float16"],
     # a dict key's refused entries (the search below tries other values, not these keys)
     "megatron shape overrides": [
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
@@ -75,10 +69,6 @@ CONTEXTS = {
     "megatron reward model": ["reward_model.enable=true", "reward_model.strategy=megatron"],
     "megatron judge": ["reward_model.enable=true", "reward_model.strategy=megatron",
                        "reward_model.style=generative"],
-    # a refusal of one value of a string key (as "megatron float16" above)
-    "megatron reward model float16": ["reward_model.enable=true",
-                                      "reward_model.strategy=megatron",
-                                      "reward_model.megatron.dtype=float16"],
     "embodied rewards": ["reward_model.reward_manager=embodied", "reward_model.enable=true"],
     "vllm, clip-cov loss": ["actor_rollout_ref.rollout.name=vllm",
                             "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"],

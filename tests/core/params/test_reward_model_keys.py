@@ -57,7 +57,7 @@ def test_notices(overrides, key, capsys):
     (JUDGE + ["reward_model.strategy=megatron"], "not a megatron model"),
     (ON + ["reward_model.strategy=megatron", "reward_model.megatron.tensor_model_parallel_size=2"],
      "actor_rollout_ref.actor.megatron"),
-    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.dtype=float16"], "float16"),
+    (ON + ["reward_model.strategy=megatron", "reward_model.megatron.dtype=fp8"], "fp8"),
     (ON + ["reward_model.strategy=megatron", "reward_model.megatron.use_dist_checkpointing=true"],
      "score head"),
     (ON + ["reward_model.model.fsdp_config.param_offload=true"], "offload"),

@@ -31,6 +31,9 @@ class OptimArguments:
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     total_training_steps: int = -1  # injected at runtime
+    # verl's: megatron OptimizerConfig fields (the loss scaling of float16, say) for a role
+    # on strategy=megatron (siirl.engine.megatron.transformer_overrides)
+    override_optimizer_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

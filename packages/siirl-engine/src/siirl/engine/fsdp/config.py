@@ -60,6 +60,11 @@ def fsdp_rules(mount: Mount) -> List[Rule]:
                "no effect: FSDP2 shards every decoder layer",
                "FSDP2 here shards each decoder layer and the root (or, with fsdp_size=1, "
                "replicates the whole model); wrapping and prefetch are not tunable."),
+        *([notice(f"{_role_prefix(mount)}.optim.override_optimizer_config",
+                  "no effect: megatron's optimizer settings",
+                  "override_optimizer_config sets fields of megatron-core's OptimizerConfig "
+                  "(a role on strategy=megatron); the fsdp roles step torch's AdamW with the "
+                  "role's optim keys.")] if has_optimizer else []),
         *([refused(_REPLAY_MODE, "router replay runs on the megatron actor",
                    "router replay R2 records and replays megatron's routing "
                    "(siirl.engine.megatron.router_replay); the fsdp actor's transformers MoE "

@@ -7,6 +7,7 @@ broadcast to the other stages, since every stage of a pipeline hands the same ro
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -20,6 +21,7 @@ from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_i
 from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.lora import iter_merged_hf_weights
+from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.packing import pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
@@ -71,6 +73,10 @@ class MegatronBackend:
         self.router_losses = RouterLossLog(config.moe_layer_freq) \
             if config.num_moe_experts else None
         self.routing: Optional[RoutingReplay] = None  # router replay R2 (the actor's)
+        scaler = loss_scaler(optimizer)  # fp16: the schedule scales each loss by it
+        if scaler is not None and not isinstance(optimizer, MegatronOptimizer):
+            for chunk in model_chunks(self.schedule_model):
+                chunk.config.grad_scale_func = scaler.scale_loss
 
     @property
     def device(self) -> torch.device:
@@ -140,9 +146,21 @@ class MegatronBackend:
             return self.optimizer.step_if_finite()
         if self.grad_sync is not None:
             self.grad_sync()
-        return step_if_finite(self.optimizer, clip_grad_norm(self.module, self.grad_clip,
-                                                             self.tp_group, self.stages.group,
-                                                             self.ep_group))
+        scaler = loss_scaler(self.optimizer)
+        if scaler is None:
+            return step_if_finite(self.optimizer, clip_grad_norm(
+                self.module, self.grad_clip, self.tp_group, self.stages.group, self.ep_group))
+        # fp16: the gradients are the loss scale times the true ones; clip them at that
+        # multiple of grad_clip, then megatron's step unscales them (skipping on inf/NaN)
+        scale = float(scaler.get_loss_scale())
+        clip = float(self.grad_clip) * scale if self.grad_clip and self.grad_clip > 0 else 0.0
+        norm = clip_grad_norm(self.module, clip, self.tp_group, self.stages.group,
+                              self.ep_group) / scale
+        stepped, _norm, _zeros = self.optimizer.step()
+        if not stepped:
+            self.optimizer.zero_grad(set_to_none=True)
+            return math.inf
+        return norm
 
     def share_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
         return self.stages.broadcast_metrics(metrics)

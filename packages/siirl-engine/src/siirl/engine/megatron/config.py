@@ -45,10 +45,6 @@ DERIVED_TRANSFORMER_KEYS = (
     "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
     "params_dtype", "bf16", "fp16", "pipeline_dtype", "use_cpu_initialization")
 _LORA_RANK = "actor_rollout_ref.model.lora_rank"
-FP16_REFUSED = ("float16 needs dynamic loss scaling (megatron's DynamicGradScaler: the loss "
-                "multiplied before every backward, steps skipped on overflow), which the "
-                "megatron engines do not wire up; bfloat16 has float32's exponent range and "
-                "needs none: use dtype=bfloat16 (or float32).")
 
 
 @dataclass
@@ -63,8 +59,9 @@ class MegatronArguments:
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
-    # bfloat16: bf16 weights and compute, fp32 main weights in megatron's mixed-precision
-    # optimizer (verl's default); float32 here by default so runs keep their numbers
+    # bfloat16 (verl's default) / float16: 16-bit weights and compute, fp32 main weights in
+    # megatron's mixed-precision optimizer (float16 with dynamic loss scaling); float32 here
+    # by default so runs keep their numbers
     dtype: str = "float32"
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: str | None = None
@@ -218,8 +215,6 @@ def megatron_rules(mount: Mount) -> List[Rule]:
         ]
     optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
     return _role_keys(mount) + rules + [
-        refused(f"{prefix}.dtype", "float16 is not wired (loss scaling)", FP16_REFUSED,
-                lambda config, key: str(get(config, key)) == "float16"),
         refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
                                                 else ()), "megatron offload is not implemented",
                 _MEGATRON_OFFLOAD),

@@ -94,6 +94,8 @@ _CUDA_STRING_USERS = {
     # accumulators (the norm, the zero count, the overflow flag) with device='cuda' and then
     # all-reduce them: gloo reduces the same values on the CPU.
     "megatron.core.optimizer.clip_grads": "grad-norm / zero-count accumulators",
+    # DynamicGradScaler (float16's loss scaling) keeps its scale and factors on 'cuda'.
+    "megatron.core.optimizer.grad_scaler": "DynamicGradScaler scalars",
 }
 
 
@@ -255,6 +257,19 @@ def _cuda_type_query(name: str):
     return type_
 
 
+def _patch_grad_scaler_load() -> None:
+    """DynamicGradScaler.load_state_dict moves the saved scale to the current CUDA device;
+    on the CPU it stays where it is."""
+    scaler = importlib.import_module("megatron.core.optimizer.grad_scaler").DynamicGradScaler
+
+    def load_state_dict(self, state_dict):
+        self._scale = state_dict["scale"].cpu()
+        self._growth_tracker = state_dict["growth_tracker"]
+        self._hysteresis_tracker = state_dict["hysteresis_tracker"]
+
+    scaler.load_state_dict = load_state_dict
+
+
 def _patch_optimizer_param_types() -> None:
     """megatron's mixed-precision optimizers sort parameters by ``param.type()`` in their
     ``__init__`` (``Float16OptimizerWithFloat16Params``; ``DistributedOptimizer`` and its
@@ -330,6 +345,7 @@ def enable_cpu_mode(force: bool = False) -> bool:
     _patch_tied_embedding_setup()
     _patch_clip_grads()
     _patch_optimizer_param_types()
+    _patch_grad_scaler_load()
     from siirl.engine.megatron.cpu_compat_moe import enable_moe_cpu_mode
 
     enable_moe_cpu_mode()  # the MoE layer's (siirl.engine.megatron.cpu_compat_moe)

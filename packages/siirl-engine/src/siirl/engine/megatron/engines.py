@@ -40,7 +40,10 @@ from siirl.engine.megatron.mixed_precision import (
 from siirl.engine.megatron.moe import is_moe, num_experts
 from siirl.engine.megatron.router_replay import RoutingReplay, replay_settings
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
-from siirl.engine.megatron.transformer_overrides import transformer_overrides
+from siirl.engine.megatron.transformer_overrides import (
+    optimizer_overrides,
+    transformer_overrides,
+)
 from siirl.engine.models.loader import load_model_and_tokenizer
 from siirl.errors import ConfigError
 from siirl.execution.dag.planner import reference_needed
@@ -114,16 +117,24 @@ def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp
     actor_cfg = cfg.actor_rollout_ref.actor
     if (parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1) == 1:
         return MegatronOptimizer(model, actor_cfg.optim, actor_cfg.grad_clip,
-                                 bool(actor_cfg.megatron.use_distributed_optimizer)), None
+                                 bool(actor_cfg.megatron.use_distributed_optimizer),
+                                 _optim_overrides(actor_cfg.optim, ACTOR_KEY_OPTIM)), None
     logger.warning("virtual pipeline stages: the actor uses torch AdamW with gradients "
                    "all-reduced over data parallelism, not megatron's distributed optimizer")
-    return (with_main_params(build_optimizer(model.parameters(), actor_cfg.optim), dtype),
+    return (with_main_params(build_optimizer(model.parameters(), actor_cfg.optim), dtype,
+                             _optim_overrides(actor_cfg.optim, ACTOR_KEY_OPTIM)),
             grad_averager(model, group, dp, tp_group, expert_groups()[0]))
 
 
-def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
+def _role_dtype(megatron_section: Any, key: str, hf_config: Any = None) -> torch.dtype:
     """The role's ``megatron.dtype`` (each role reads its own section, as in verl)."""
-    return params_dtype(megatron_section.dtype, key)
+    dtype = params_dtype(megatron_section.dtype, key)
+    if dtype == torch.float16 and hf_config is not None and is_moe(hf_config):
+        # megatron steps dense and expert weights with two optimizers, each with its own
+        # loss scale, while the loss is scaled by the first one's
+        raise ConfigError(f"{key}=float16 on a mixture-of-experts model: megatron's dense and "
+                          "expert optimizers would keep separate loss scales; use bfloat16.")
+    return dtype
 
 
 def dist_checkpoint(section: Any, key: str) -> Optional[Tuple[str, Optional[str]]]:
@@ -142,6 +153,15 @@ def _refresh_hf_copy(hf_model: torch.nn.Module, model: torch.nn.Module, tp_group
                                                  tp_group=tp_group))
 
 
+ACTOR_KEY_OPTIM = "actor_rollout_ref.actor.optim"
+
+
+def _optim_overrides(optim: Any, key: str) -> dict:
+    """A role's ``optim.override_optimizer_config`` (megatron OptimizerConfig fields)."""
+    return optimizer_overrides(optim.override_optimizer_config,
+                               f"{key}.override_optimizer_config")
+
+
 def _overrides(megatron: Any, hf_config: Any, key: str) -> dict:
     """A role's ``override_transformer_config``, checked against its model."""
     return transformer_overrides(megatron.override_transformer_config, is_moe(hf_config),
@@ -155,7 +175,7 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     rank, dp, group, tp_group = _parallel_groups()
     hf_model, tokenizer = load_policy(cfg)
     dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
-                        "actor_rollout_ref.actor.megatron.dtype")
+                        "actor_rollout_ref.actor.megatron.dtype", hf_model.config)
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     overrides = _overrides(cfg.actor_rollout_ref.actor.megatron, hf_model.config, ACTOR_KEY)
     replays = replay_settings(cfg, hf_model.config, overrides)
@@ -218,14 +238,15 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
-    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype")
+    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype", lm.config)
     # a distributed checkpoint (an LM's) gives the backbone; the value head starts from
     # its seeded init as with HF weights
     model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype,
                                  dist_checkpoint(cfg.critic.megatron, "critic.megatron"),
                                  _overrides(cfg.critic.megatron, lm.config, "critic.megatron"))
     module = ValueModel(MegatronBackbone(model), lm.config.hidden_size, seed=run_seed(cfg))
-    optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype)
+    optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype,
+                                 _optim_overrides(cfg.critic.optim, "critic.optim"))
     expert_dp_group, ep_group = expert_groups()
     backend = MegatronBackend(
         module, optimizer, schedule_model=model,

@@ -21,7 +21,8 @@ Parameters are fp32, or bf16 (a model built with ``params_dtype=torch.bfloat16``
 megatron's mixed-precision optimizers keep fp32 main copies (``DistributedOptimizer``: of
 this rank's shard; ``Float16OptimizerWithFloat16Params``: of every parameter), gradients
 accumulate and are reduced in fp32 (``grad_reduce_in_fp32``), Adam steps the fp32 copies and
-the bf16 weights are copied back from them. fp16 (which needs loss scaling) is not wired. On
+the bf16 weights are copied back from them; fp16 the same, with megatron's dynamic loss
+scaling (siirl.engine.megatron.mixed_precision.LOSS_SCALING). On
 CPU (gloo) call :func:`siirl.engine.megatron.cpu_compat.enable_cpu_mode` first; it adapts
 the few megatron functions of this path that allocate on CUDA.
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from siirl.engine.megatron.mixed_precision import LOSS_SCALING
 
 __all__ = ["build_distributed_optimizer", "finish_grad_sync", "load_optimizer_checkpoint",
            "optimizer_state_dict", "optimizer_step", "save_optimizer_checkpoint", "zero_grad"]
@@ -67,8 +70,8 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
         raise TypeError("model is already wrapped in megatron's DistributedDataParallel")
     params = [p for p in model.parameters() if p.requires_grad]
     dtypes = {p.dtype for p in params}
-    if dtypes not in ({torch.float32}, {torch.bfloat16}):
-        raise NotImplementedError(f"fp32 or bf16 parameters only (one dtype for the whole "
+    if dtypes not in ({torch.float32}, {torch.bfloat16}, {torch.float16}):
+        raise NotImplementedError(f"fp32, bf16 or fp16 parameters (one dtype for the whole "
                                   f"model), got {sorted(map(str, dtypes))}")
     params_dtype = dtypes.pop()
     config = model.config
@@ -94,7 +97,8 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
         use_distributed_optimizer=use_distributed_optimizer,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,  # fp32 main params, no loss scaling
-        fp16=False,
+        fp16=params_dtype == torch.float16,  # fp32 main params, dynamic loss scaling
+        **(LOSS_SCALING if params_dtype == torch.float16 else {}),  # overrides may change
         decoupled_weight_decay=True,
     )
     opt_kwargs.update(optimizer_overrides or {})

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from siirl.engine.common.optim import optim_settings
+from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.optimizer import (
     build_distributed_optimizer,
     finish_grad_sync,
@@ -43,13 +44,15 @@ class MegatronOptimizer:
     """megatron's DDP wrapper + (distributed) Adam(W) for one GPTModel stage."""
 
     def __init__(self, model: torch.nn.Module, optim_cfg: Any, grad_clip: Any,
-                 use_distributed_optimizer: bool = True):
+                 use_distributed_optimizer: bool = True,
+                 optimizer_overrides: Optional[dict] = None):
         clip = float(grad_clip) if grad_clip and float(grad_clip) > 0 else 0.0
         optim = optim_settings(optim_cfg)
         self.ddp_model, self.megatron = build_distributed_optimizer(
             model, lr=float(optim.lr), betas=tuple(float(b) for b in optim.betas),
             weight_decay=float(optim.weight_decay), clip_grad=clip,
-            use_distributed_optimizer=use_distributed_optimizer)
+            use_distributed_optimizer=use_distributed_optimizer,
+            optimizer_overrides=optimizer_overrides)
         # with expert parallelism megatron chains a dense and an expert optimizer (each over
         # its own data-parallel group); the lr schedule drives the first one's groups and
         # step_if_finite hands that lr on to the others
@@ -58,6 +61,10 @@ class MegatronOptimizer:
         self._followers = [sub.optimizer for sub in subs[1:]]
         # the schedule calls this after the last backward of a mini-batch
         model.config.finalize_model_grads_func = self._finalize
+        # fp16: the schedule scales each micro-batch's loss before its backward
+        self.scales_loss = loss_scaler(self.megatron) is not None
+        if self.scales_loss:
+            model.config.grad_scale_func = self.megatron.scale_loss
 
     def _finalize(self, *_args: Any, **_kwargs: Any) -> None:
         finish_grad_sync(self.ddp_model)
@@ -82,8 +89,16 @@ class MegatronOptimizer:
                 group["lr"] = lr
 
     def step_if_finite(self) -> float:
-        """Clip and step unless the global grad norm is non-finite; the norm (pre-clip)."""
+        """Clip and step unless the global grad norm is non-finite; the norm (pre-clip).
+        fp16: megatron's step unscales, finds any inf/NaN (then skips and backs the loss
+        scale off: the norm returned is inf), clips and steps."""
         self._share_lr()
+        if self.scales_loss:
+            stepped, norm, _zeros = self.megatron.step()
+            if not stepped:
+                self.zero_grad()
+                return math.inf
+            return float(norm)
         self.megatron.prepare_grads()
         norm = float(self.megatron.get_grad_norm())
         if not math.isfinite(norm):

@@ -22,7 +22,13 @@ from siirl.engine.megatron.config import DERIVED_TRANSFORMER_KEYS, ROUTER_OVERRI
 from siirl.engine.megatron.router_loss import router_overrides
 from siirl.errors import ConfigError
 
-__all__ = ["transformer_overrides"]
+__all__ = ["optimizer_overrides", "transformer_overrides"]
+
+# OptimizerConfig fields siiRL sets from the role's own keys (optim.*, grad_clip,
+# megatron.dtype, megatron.use_distributed_optimizer): not for override_optimizer_config
+OWN_OPTIMIZER_KEYS = ("optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2",
+                      "clip_grad", "params_dtype", "bf16", "fp16", "use_distributed_optimizer",
+                      "decoupled_weight_decay")
 
 
 def _field_types() -> Dict[str, Any]:
@@ -63,3 +69,26 @@ def transformer_overrides(overrides: Any, is_moe: bool, key: str) -> Dict[str, A
                           "TransformerConfig.")
     return {**{name: _converted(name, value, fields[name], key)
                for name, value in rest.items()}, **router}
+
+
+def optimizer_overrides(overrides: Any, key: str) -> Dict[str, Any]:
+    """The megatron ``OptimizerConfig`` fields of verl's ``<role>.optim.
+    override_optimizer_config`` (``key``), checked: not those siiRL sets from the role's own
+    keys, nor a name that is no field."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    given = dict(overrides or {})
+    own = sorted(set(given) & set(OWN_OPTIMIZER_KEYS))
+    if own:
+        raise ConfigError(f"{key}: {', '.join(own)} come from the role's own keys (optim.lr, "
+                          "optim.weight_decay, optim.betas, grad_clip, megatron.dtype, "
+                          "megatron.use_distributed_optimizer): set them there.")
+    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        hints = [f"{name} (did you mean {', '.join(close)}?)" if close else name
+                 for name in unknown
+                 for close in [difflib.get_close_matches(name, fields, n=2)]]
+        raise ConfigError(f"{key}: {'; '.join(hints)} is no field of megatron-core's "
+                          "OptimizerConfig.")
+    return given

@@ -12,7 +12,6 @@ from typing import Any, List
 from siirl.engine.fsdp.config import FSDPArguments
 from siirl.engine.megatron.config import (
     DERIVED_TRANSFORMER_KEYS,
-    FP16_REFUSED,
     NO_CONTEXT_PARALLEL,
 )
 from siirl.params.key_conditions import get
@@ -125,9 +124,6 @@ def megatron_rules() -> List[Rule]:
                 f"{NO_CONTEXT_PARALLEL}; the reward model runs in the actor's megatron "
                 "parallel state: leave it at 1.",
                 lambda config, key: _megatron_classifier(config, key) and get(config, key) != 1),
-        refused(f"{_MEGATRON}.dtype", "float16 is not wired (loss scaling)", FP16_REFUSED,
-                lambda config, key: _megatron_classifier(config, key) and
-                str(get(config, key)) == "float16"),
         refused(f"{_MEGATRON}.param_offload", "megatron offload is not implemented",
                 "megatron CPU offload is not implemented; the reward model's parameters stay "
                 "on the GPU: leave it false.", _megatron_classifier),
