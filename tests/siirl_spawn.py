@@ -19,6 +19,21 @@ import pytest
 HANG_LIMIT_S = 900
 
 
+def start_gloo_rank(rank: int, world_size: int, port: int, timeout_s: float = 60) -> None:
+    """A spawned rank's start: library warnings off, one torch thread (the ranks share the
+    machine's cores), and its gloo process group on ``port``."""
+    import datetime
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def join_spawned(context: Any, what: str, limit_s: float = HANG_LIMIT_S) -> None:
     """Join every rank; a rank's exception is raised here by torch, a hang fails after
     ``limit_s`` with every rank killed."""

@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from siirl_numerics import assert_close, rounding, scale_of
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
@@ -101,10 +101,7 @@ def _assert_weights_are_rounded_main_params(optimizer, what):
 
 
 def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.optimizer import (
@@ -113,10 +110,7 @@ def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
         save_optimizer_checkpoint,
     )
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     init_megatron(tp=1, pp=1)
     hf = tiny_hf_model("llama")
     batch = _batch(hf.config.vocab_size)

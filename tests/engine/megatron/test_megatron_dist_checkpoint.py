@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
@@ -88,18 +88,12 @@ def _at(tp: int, pp: int, hf, path: str, save_to: str | None = None, vpp: int = 
 
 
 def rank_main(rank: int, world_size: int, port: int, root: str) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.dist_checkpoint import save_model
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    start_gloo_rank(rank, world_size, port, 120)
     for family in ("llama", "qwen2"):  # untied head; tied embeddings (PP=2: a copy)
         hf = tiny_hf_model(family, num_layers=4)
         tp1, tp2 = os.path.join(root, f"{family}_tp1"), os.path.join(root, f"{family}_tp2")

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
@@ -96,10 +96,7 @@ def _assert_weights(model, expected, what):
 
 
 def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.optimizer import (
@@ -108,10 +105,7 @@ def rank_main(rank: int, world_size: int, port: int, ckpt_dir: str) -> None:
         save_optimizer_checkpoint,
     )
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     init_megatron(tp=1, pp=1)
     assert parallel_state.get_data_parallel_world_size() == 2
 

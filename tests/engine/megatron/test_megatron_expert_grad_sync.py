@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
@@ -93,15 +93,9 @@ def _train_critic(ep: int, tp: int) -> dict:
 
 
 def _rank_main(rank: int, world_size: int, port: int, out: str, tp: int) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    start_gloo_rank(rank, world_size, port, 120)
     runs = {ep: _train_critic(ep, tp) for ep in (1, 2)}
     torch.save(runs, f"{out}/rank{rank}.pt")
     finish_rank()  # a failing rank raises instead

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 peft = pytest.importorskip("peft")
@@ -146,16 +146,10 @@ def test_target_names_are_peft_names():
 
 
 def _rank_main(rank: int, world_size: int, port: int) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     init_megatron(tp=2, pp=1)
     lora_checks("llama", "all-linear")
     lora_checks("qwen2", ["k_proj", "o_proj", "up_proj"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
@@ -73,19 +73,13 @@ def _check_values(model, config, data, response_mask, tp_group, rank):
 
 
 def rank_main(rank: int, world_size: int, port: int, tp: int) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     from siirl.engine.megatron.backend import MegatronBackend
     from siirl.engine.megatron_workers import build_megatron_model
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     init_megatron(tp=tp, pp=world_size // tp)
     hf = tiny_hf_model("qwen2", num_layers=4)  # tied embeddings: both copies' gradients
     # TP 2 with sequence parallelism: packed rows filled to even lengths

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
@@ -133,16 +133,10 @@ def _check_family(family: str, rank: int) -> None:
 
 
 def rank_main(rank: int, world_size: int, port: int, vpp: int) -> None:
-    import datetime
-    import warnings
 
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     init_megatron(tp=1, pp=2, vpp=vpp)
     for family in ("llama", "qwen2"):
         _check_family(family, rank)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
@@ -62,18 +62,11 @@ def _fsdp_scores(rows) -> torch.Tensor:
 
 
 def rank_main(rank: int, world: int, port: int, tp: int, pp: int, want: torch.Tensor) -> None:
-    import datetime
-    import warnings
     from types import SimpleNamespace
-
-    import torch.distributed as dist
 
     from siirl.engine.megatron_workers import megatron_engine
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    start_gloo_rank(rank, world, port, 120)
     tok = load_tokenizer(BUILTIN_TINY_REWARD)
     rm = megatron_engine("reward_model", _config(tp, pp),
                          peers={"actor": SimpleNamespace(tokenizer=tok)})

@@ -18,7 +18,7 @@ from test_megatron_bridge import free_port  # noqa: E402
 
 from siirl.data_coordinator.fields import OLD_LOG_PROBS, ROUTED_EXPERTS  # noqa: E402
 from siirl_rollout_rows import rollout_rows  # noqa: E402
-from siirl_spawn import finish_rank, join_spawned  # noqa: E402
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank  # noqa: E402
 
 ACTOR = "actor_rollout_ref.actor"
 MOE = ["actor_rollout_ref.model.path=builtin:tiny-moe", "actor_rollout_ref.rollout.n=1"]
@@ -116,16 +116,11 @@ def _update_follows_the_batchs_experts(actor):
 
 
 def _tp2_rank(rank: int, world_size: int, port: int) -> None:
-    import datetime
-    import warnings
 
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, world_size, port)
     actor = _actor(f"{ACTOR}.megatron.tensor_model_parallel_size=2",
                    f"{ACTOR}.megatron.sequence_parallel=true")
     routed = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from siirl_spawn import finish_rank, join_spawned
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
@@ -22,16 +22,13 @@ def _rows(rank: int, count: int) -> torch.Tensor:
 
 
 def rank_main(rank: int, port: int) -> None:
-    import datetime
 
     import torch.distributed as dist
     from megatron.core.tensor_parallel import mappings
 
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=datetime.timedelta(seconds=60))
+    start_gloo_rank(rank, 2, port)
     enable_cpu_mode()
     group = dist.group.WORLD
     gathered = mappings._gather_along_first_dim(_rows(rank, SIZES[rank]), group,

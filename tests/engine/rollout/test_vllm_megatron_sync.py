@@ -22,6 +22,7 @@ pytest.importorskip("megatron.core")
 from test_vllm_rollout import TEXTS, prompts, run_config, save_random_model  # noqa: E402
 
 from siirl.execution.scheduler.process_group_manager import free_port  # noqa: E402
+from siirl_spawn import start_gloo_rank  # noqa: E402
 
 pytestmark = [pytest.mark.vllm]
 DEADLINE = 240  # seconds for both ranks: start-up, 3 steps and 3 checks
@@ -66,8 +67,6 @@ def train(actor, vllm, hf, steps: int) -> None:
 
 
 def rank_main(rank: int, port: int, model_dir: str) -> None:
-    import datetime
-    import warnings
 
     import torch.distributed as dist
 
@@ -75,10 +74,7 @@ def rank_main(rank: int, port: int, model_dir: str) -> None:
     from siirl.engine.rollout.hf_rollout import HFRollout
     from siirl.engine.rollout.vllm_rollout import VLLMRollout
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=datetime.timedelta(seconds=120))
+    start_gloo_rank(rank, 2, port, 120)
     config = run_config(model_dir, "actor_rollout_ref.actor.strategy=megatron",
                         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
     actor = megatron_actor(config)
