@@ -60,13 +60,7 @@ def transformer_overrides(overrides: Any, is_moe: bool, key: str) -> Dict[str, A
                               is_moe, key)
     fields = _field_types()
     rest = {k: v for k, v in given.items() if k not in ROUTER_OVERRIDE_KEYS}
-    unknown = sorted(set(rest) - set(fields))
-    if unknown:
-        hints = [f"{name} (did you mean {', '.join(close)}?)" if close else name
-                 for name in unknown
-                 for close in [difflib.get_close_matches(name, fields, n=2)]]
-        raise ConfigError(f"{key}: {'; '.join(hints)} is no field of megatron-core's "
-                          "TransformerConfig.")
+    _refuse_unknown(rest, fields, key, "TransformerConfig")
     return {**{name: _converted(name, value, fields[name], key)
                for name, value in rest.items()}, **router}
 
@@ -83,12 +77,18 @@ def optimizer_overrides(overrides: Any, key: str) -> Dict[str, Any]:
         raise ConfigError(f"{key}: {', '.join(own)} come from the role's own keys (optim.lr, "
                           "optim.weight_decay, optim.betas, grad_clip, megatron.dtype, "
                           "megatron.use_distributed_optimizer): set them there.")
-    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
-    unknown = sorted(set(given) - fields)
+    _refuse_unknown(given, {f.name for f in dataclasses.fields(OptimizerConfig)}, key,
+                    "OptimizerConfig")
+    return given
+
+
+def _refuse_unknown(given: Dict[str, Any], fields: Any, key: str, config: str) -> None:
+    """Refuse the names of ``given`` that are no field of megatron's ``config``, each with
+    the closest field names."""
+    unknown = sorted(set(given) - set(fields))
     if unknown:
         hints = [f"{name} (did you mean {', '.join(close)}?)" if close else name
                  for name in unknown
-                 for close in [difflib.get_close_matches(name, fields, n=2)]]
+                 for close in [difflib.get_close_matches(name, list(fields), n=2)]]
         raise ConfigError(f"{key}: {'; '.join(hints)} is no field of megatron-core's "
-                          "OptimizerConfig.")
-    return given
+                          f"{config}.")
