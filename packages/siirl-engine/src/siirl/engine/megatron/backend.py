@@ -73,10 +73,11 @@ class MegatronBackend:
         self.router_losses = RouterLossLog(config.moe_layer_freq) \
             if config.num_moe_experts else None
         self.routing: Optional[RoutingReplay] = None  # router replay R2 (the actor's)
-        scaler = loss_scaler(optimizer)  # fp16: the schedule scales each loss by it
-        if scaler is not None and not isinstance(optimizer, MegatronOptimizer):
+        # fp16: the optimizer that scales the loss; the schedule multiplies each loss by it
+        self.loss_scaler = loss_scaler(optimizer)
+        if self.loss_scaler is not None:
             for chunk in model_chunks(self.schedule_model):
-                chunk.config.grad_scale_func = scaler.scale_loss
+                chunk.config.grad_scale_func = self.loss_scaler.scale_loss
 
     @property
     def device(self) -> torch.device:
@@ -146,13 +147,12 @@ class MegatronBackend:
             return self.optimizer.step_if_finite()
         if self.grad_sync is not None:
             self.grad_sync()
-        scaler = loss_scaler(self.optimizer)
-        if scaler is None:
+        if self.loss_scaler is None:
             return step_if_finite(self.optimizer, clip_grad_norm(
                 self.module, self.grad_clip, self.tp_group, self.stages.group, self.ep_group))
         # fp16: the gradients are the loss scale times the true ones; clip them at that
         # multiple of grad_clip, then megatron's step unscales them (skipping on inf/NaN)
-        scale = float(scaler.get_loss_scale())
+        scale = float(self.loss_scaler.get_loss_scale())
         clip = float(self.grad_clip) * scale if self.grad_clip and self.grad_clip > 0 else 0.0
         norm = clip_grad_norm(self.module, clip, self.tp_group, self.stages.group,
                               self.ep_group) / scale

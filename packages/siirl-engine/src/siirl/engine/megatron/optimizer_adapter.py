@@ -61,10 +61,8 @@ class MegatronOptimizer:
         self._followers = [sub.optimizer for sub in subs[1:]]
         # the schedule calls this after the last backward of a mini-batch
         model.config.finalize_model_grads_func = self._finalize
-        # fp16: the schedule scales each micro-batch's loss before its backward
+        # fp16: megatron's step unscales (the backend hands its scale_loss to the schedule)
         self.scales_loss = loss_scaler(self.megatron) is not None
-        if self.scales_loss:
-            model.config.grad_scale_func = self.megatron.scale_loss
 
     def _finalize(self, *_args: Any, **_kwargs: Any) -> None:
         finish_grad_sync(self.ddp_model)

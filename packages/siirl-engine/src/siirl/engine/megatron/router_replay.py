@@ -74,8 +74,6 @@ class RoutingReplay:
         per_layer = [self._whole_sequence(idx.reshape(-1, batch_rows, idx.shape[-1]))
                      .transpose(0, 1) for idx in recorded]
         parts.append(torch.stack(per_layer, dim=2).to(self.dtype).cpu())
-        for replay in self.replays:
-            replay.clear_indices()
 
     def replaying(self, routed: torch.Tensor) -> contextlib.AbstractContextManager:
         """Within: the forward of the micro-batch whose rows' routing is ``routed``
