@@ -1,5 +1,6 @@
 """tools/gpu/check_megatron.py's CPU dry run (``--cpu``): every part of the GPU check runs at
-tiny size (fp32 parity, the MoE's bf16 parity, GRPO in fp32, bf16 and MoE bf16), passes,
+tiny size (fp32 parity, the MoE's bf16 parity, GRPO in fp32, bf16, fp16, MoE bf16 and MoE
+bf16 with router replay R2), passes,
 and writes its JSON. Speeds are recorded, never asserted."""
 
 import importlib.util
@@ -28,6 +29,6 @@ def test_cpu_dry_run_checks_dense_and_moe_in_bf16(tmp_path):
     report = json.loads(out.read_text())
     moe = report["moe_parity_bf16"]
     assert moe["round_trip_bit_exact"] and 0 < moe["logprob_max_abs_diff"] <= moe["tolerance"]
-    for key in ("grpo", "grpo_bf16", "grpo_moe_bf16"):
+    for key in ("grpo", "grpo_bf16", "grpo_fp16", "grpo_moe_bf16", "grpo_moe_bf16_r2"):
         assert report[key]["losses_finite"] and report[key]["actor_tokens_per_s"] > 0, key
     assert "GRPO MoE bf16 actor tokens/s" in proc.stdout

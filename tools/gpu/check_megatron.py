@@ -1,9 +1,10 @@
 """Check the megatron engine on a CUDA machine: weight-bridge round trip, log-prob parity
-with Hugging Face, and GRPO steps with ``strategy=megatron`` in fp32 and in bf16
-(``megatron.dtype=bfloat16``: megatron's mixed-precision distributed optimizer on CUDA)
-(tokens/s, model FLOPs use); then the same in bf16 for a mixture-of-experts model (a random
-Mixtral, 4 experts, top-2, EP 1 on one GPU): bridge round trip, bf16 log-probs against the
-HF model's fp32 ones within bf16 rounding, GRPO steps with finite losses and tokens/s.
+with Hugging Face, and GRPO steps with ``strategy=megatron`` in fp32, in bf16
+(``megatron.dtype=bfloat16``: megatron's mixed-precision distributed optimizer on CUDA) and
+in fp16 (its dynamic loss scaling) (tokens/s, model FLOPs use); then the same in bf16 for a
+mixture-of-experts model (a random Mixtral, 4 experts, top-2, EP 1 on one GPU): bridge
+round trip, bf16 log-probs against the HF model's fp32 ones within bf16 rounding, GRPO
+steps with finite losses and tokens/s, without and with router replay R2.
 
     python tools/gpu/check_megatron.py [--steps 6] [--batch 64] [--out megatron_gpu.json]
     python tools/gpu/check_megatron.py --cpu --steps 2 --batch 8   # dry run on the CPU
@@ -136,6 +137,13 @@ def moe_parity(model_dir: Path, device: torch.device) -> dict:
 # bf16 weights and compute with fp32 main weights in megatron's distributed optimizer
 BF16 = ("actor_rollout_ref.actor.megatron.dtype=bfloat16",
         "actor_rollout_ref.ref.megatron.dtype=bfloat16")
+# fp16: megatron's dynamic loss scaling, from a scale the tiny model's O(1) gradients fit in
+# (2**16 would skip the first steps while it backs off)
+FP16 = ("actor_rollout_ref.actor.megatron.dtype=float16",
+        "actor_rollout_ref.ref.megatron.dtype=float16",
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.initial_loss_scale=256")
+# router replay R2: the old-log-prob pass's expert choices replayed by the update
+R2 = ("actor_rollout_ref.actor.router_replay.mode=R2",)
 
 
 def grpo_steps(steps: int, device: str, overrides: tuple = (), model_path=None,
@@ -173,7 +181,8 @@ def grpo_steps(steps: int, device: str, overrides: tuple = (), model_path=None,
             "actor_tokens_per_s": tokens_per_s, "model_params": params,
             "device_name": name,
             # against the dtype's dense peak; None where no peak is known
-            "mfu": model_flops_use(flops, name, "bf16" if BF16[0] in overrides else "fp32"),
+            "mfu": model_flops_use(flops, name, "fp32" if BF16[0] not in overrides
+                                   and FP16[0] not in overrides else "bf16"),
             "critic/score/mean": [r.get("critic/score/mean") for r in records
                                   if "critic/score/mean" in r],
             "losses_finite": all(math.isfinite(r[k]) for r in records for k in LOSSES if k in r)
@@ -218,7 +227,10 @@ def main(argv=None) -> int:
         report["moe_parity_bf16"] = moe_parity(moe_dir, torch.device(device))
         report.update(grpo=grpo_steps(args.steps, device, batch=args.batch),
                       grpo_bf16=grpo_steps(args.steps, device, BF16, batch=args.batch),
-                      grpo_moe_bf16=grpo_steps(args.steps, device, BF16, moe_dir, args.batch))
+                      grpo_fp16=grpo_steps(args.steps, device, FP16, batch=args.batch),
+                      grpo_moe_bf16=grpo_steps(args.steps, device, BF16, moe_dir, args.batch),
+                      grpo_moe_bf16_r2=grpo_steps(args.steps, device, BF16 + R2, moe_dir,
+                                                  args.batch))
     print(f"{'check':<34}{'result':>20}")
     for name, result in report["parity"].items():
         print(f"{name + ' round trip bit-exact':<34}{str(result['round_trip_bit_exact']):>20}")
@@ -240,7 +252,8 @@ def main(argv=None) -> int:
     return 0 if passed(report) else 1
 
 
-GRPO_RUNS = (("grpo", "GRPO"), ("grpo_bf16", "GRPO bf16"), ("grpo_moe_bf16", "GRPO MoE bf16"))
+GRPO_RUNS = (("grpo", "GRPO"), ("grpo_bf16", "GRPO bf16"), ("grpo_fp16", "GRPO fp16"),
+             ("grpo_moe_bf16", "GRPO MoE bf16"), ("grpo_moe_bf16_r2", "GRPO MoE bf16 R2"))
 
 
 def passed(report: dict) -> bool:

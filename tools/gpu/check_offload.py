@@ -15,7 +15,11 @@ what only a GPU has:
    checkpoint at step 2) log the resident run's metrics, and the run resumes from its
    checkpoint;
 3. with 2+ GPUs: one step with ``ulysses_sequence_parallel_size=2`` on 2 workers logs the
-   1-worker run's metrics.
+   1-worker run's metrics;
+4. megatron (``megatron_offload_check.py``): verl's ``megatron.param_offload``,
+   ``grad_offload`` and ``optimizer_offload`` park a bf16 actor's weights, gradients and
+   optimizer state off the GPU between verbs (the memory they held is freed), and the
+   engine and a PPO run with every role offloaded train like resident ones.
 
 Prints one line per check and writes JSON; exits 1 when a check fails, 2 without CUDA.
 ``--cpu`` dry-runs the script on the CPU (gloo, nothing offloaded: the "offloaded" runs are
@@ -215,8 +219,13 @@ def main() -> int:
     device = "cpu" if args.cpu else "cuda"
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
               "gpus": torch.cuda.device_count()}
+    import megatron_offload_check as megatron
+
     parts = [("engine", lambda w: engine_check(w, device)),
-             ("train", lambda w: train_check(w, device))]
+             ("train", lambda w: train_check(w, device)),
+             ("megatron_engine", lambda w: megatron.engine_check(w, rows, device, TOL)),
+             ("megatron_train", lambda w: megatron.train_check(w, train, max_metric_diff,
+                                                               device, TOL))]
     if device == "cuda" and torch.cuda.device_count() >= 2:
         parts.append(("ulysses", ulysses_check))
     else:

@@ -44,7 +44,8 @@ def step_floor(r: dict) -> str:
 def megatron(r: dict) -> str:
     worst = max((p["logprob_max_abs_diff"] for p in r["parity"].values()), default=None)
     runs = [f"{k} {r[k]['actor_tokens_per_s']:.0f} tok/s" if "error" not in r[k]
-            else f"{k} failed" for k in ("grpo", "grpo_bf16", "grpo_moe_bf16") if k in r]
+            else f"{k} failed" for k in ("grpo", "grpo_bf16", "grpo_fp16", "grpo_moe_bf16",
+                                         "grpo_moe_bf16_r2") if k in r]
     return (f"fp32 log-prob vs HF max |diff| {_f(worst)}, MoE bf16 "
             f"{_f(r['moe_parity_bf16']['logprob_max_abs_diff'])}; " + ", ".join(runs))
 

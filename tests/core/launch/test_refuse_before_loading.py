@@ -39,6 +39,11 @@ CONTEXTS = {
     "cpu": ["trainer.device=cpu"],
     "megatron": ["actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron"],
+    # what a CPU run cannot do for a megatron role (offload)
+    "megatron on the CPU": ["actor_rollout_ref.actor.strategy=megatron",
+                            "actor_rollout_ref.ref.strategy=megatron", "critic.strategy=megatron",
+                            "reward_model.enable=true", "reward_model.strategy=megatron",
+                            "trainer.device=cpu"],
     # a rule of the actor's expert parallelism that needs pipeline stages
     "megatron pipeline": ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu",
                           "trainer.n_gpus_per_node=4",

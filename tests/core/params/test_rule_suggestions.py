@@ -62,7 +62,8 @@ def test_the_suggested_megatron_split_is_accepted():
 def test_megatron_offload_on_a_cpu_run_does_not_suggest_fsdp_offload_there():
     text = _refusal(MEGATRON + ["trainer.device=cpu",
                                 "actor_rollout_ref.actor.megatron.param_offload=true"])
-    assert "a CPU run has nothing to offload" in text, text
-    # fsdp offload, suggested for GPU runs, is indeed refused on a CPU run
+    assert "so there is nothing to free: leave it false" in text, text
+    assert "fsdp" not in text, text
+    # fsdp offload is refused on a CPU run too
     assert "nothing to offload" in _refusal(
         ["trainer.device=cpu", "actor_rollout_ref.actor.fsdp_config.param_offload=true"])

@@ -18,7 +18,7 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import ATTENTION_MASK, OLD_LOG_PROBS, RESPONSE_MASK
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
 from siirl.engine.actor.on_policy import actor_update_settings, log_prob_budget
-from siirl.engine.common.backend import TrainBackend, keep_routing
+from siirl.engine.common.backend import TrainBackend, engine_verb, keep_routing
 from siirl.engine.common.dynamic_batch import check_backend
 from siirl.engine.common.trained_engine import TrainedEngine, initial_scheduler, planned_steps
 from siirl.engine.common.weight_sync import Bucket
@@ -54,6 +54,7 @@ class ActorEngine(TrainedEngine):
     def trainer(self) -> DataParallelPPOActor:
         return self.actor
 
+    @engine_verb
     def compute_log_prob(self, batch: Any) -> NodeOutput:
         """Adds ``old_log_probs``; logs the rollout policy's entropy as ``actor/entropy``."""
         log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
@@ -66,6 +67,7 @@ class ActorEngine(TrainedEngine):
                                                       self.loss_agg_mode))
         return NodeOutput(batch=batch, metrics=metrics)
 
+    @engine_verb
     def update_policy(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
         self._scheduler()
@@ -77,6 +79,7 @@ class ActorEngine(TrainedEngine):
         metrics["perf/actor_tokens_per_s"] = tokens / max(seconds, 1e-9)
         return NodeOutput(batch=batch, metrics=metrics)
 
+    @engine_verb
     def export_hf(self, directory: str) -> None:
         """A plain transformers directory (config, safetensors weights, tokenizer)."""
         self.backend.export_hf(directory, self.tokenizer)

@@ -19,7 +19,7 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import REF_LOG_PROB
 from siirl.engine.actor.dp_actor import DataParallelPPOActor, LogProbHeads
-from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.backend import TrainBackend, engine_verb
 from siirl.engine.common.dynamic_batch import check_backend
 from siirl.engine.common.update_settings import budget
 from siirl.engine.models.lora import is_lora
@@ -58,6 +58,7 @@ class ReferenceEngine:
     def __init__(self, cfg: SiiRLArguments, backend: Optional[TrainBackend] = None,
                  heads: Optional[LogProbHeads] = None):
         self.enabled = backend is not None
+        self.backend = backend
         self.module = backend.module if backend is not None else None
         self.actor = None
         if backend is not None:
@@ -70,6 +71,7 @@ class ReferenceEngine:
                 temperature=cfg.actor_rollout_ref.rollout.temperature,
                 log_prob_micro_batch_size=reference_micro_batch(cfg), log_prob_budget=limit)
 
+    @engine_verb
     def compute_ref_log_prob(self, batch: Any) -> NodeOutput:
         if not self.enabled:
             raise PipelineError(

@@ -9,8 +9,10 @@ entropy, or values) and a loss function. So the PPO update loop
 
 from __future__ import annotations
 
+import functools
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional, Protocol, Tuple, TypeVar
 
 import torch
 
@@ -44,6 +46,26 @@ def keep_routing(batch: Any, backend: Any) -> None:
     routing = take_routing(backend)
     if routing is not None:
         batch.set(ROUTED_EXPERTS, routing)
+
+
+def holding(backend: Any) -> ContextManager:
+    """What an engine verb runs in: a backend that offloads between verbs (megatron's
+    param / grad / optimizer offload) parks what its verbs fetched when the outermost engine
+    verb ends; other backends keep everything where it is."""
+    hold = getattr(backend, "holding", None)
+    return hold() if hold is not None else nullcontext()
+
+
+Verb = TypeVar("Verb", bound=Callable[..., Any])
+
+
+def engine_verb(method: Verb) -> Verb:
+    """An engine method (of an object with ``backend``) run inside :func:`holding`."""
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with holding(self.backend):
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 # head(module, micro_batch) -> {name: [rows, response_length] tensor or None}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.backend import TrainBackend, engine_verb
 from siirl.engine.common.optim import build_lr_scheduler
 from siirl.engine.common.ppo_update import PPOUpdater
 from siirl.errors import ConfigError
@@ -85,12 +85,14 @@ class TrainedEngine:
     def _contents(self, key: str) -> Tuple[str, ...]:
         return tuple(getattr(self._checkpoint_cfg, key) or ("model", "optimizer", "extra"))
 
+    @engine_verb
     def save_checkpoint(self, directory: str) -> None:
         """Weights, optimizer, lr scheduler and update count (``checkpoint.save_contents``)."""
         extra = {"lr_scheduler": self._scheduler().state_dict(),
                  "update_count": self.updater.update_count}
         self.backend.save_checkpoint(directory, extra, self._contents("save_contents"))
 
+    @engine_verb
     def load_checkpoint(self, directory: str) -> None:
         extra = self.backend.load_checkpoint(directory, self._contents("load_contents"))
         if "lr_scheduler" in extra:

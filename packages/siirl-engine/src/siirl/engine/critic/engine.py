@@ -11,7 +11,7 @@ import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import RESPONSE_MASK, VALUES
-from siirl.engine.common.backend import TrainBackend
+from siirl.engine.common.backend import TrainBackend, engine_verb
 from siirl.engine.common.config import run_seed
 from siirl.engine.common.dp_utils import dp_sum
 from siirl.engine.common.dynamic_batch import check_backend
@@ -49,6 +49,7 @@ class CriticEngine(TrainedEngine):
     def trainer(self) -> DataParallelPPOCritic:
         return self.critic
 
+    @engine_verb
     def compute_values(self, batch: Any) -> NodeOutput:
         """Adds ``values`` ``[B, R]`` (zero on padding); logs their token mean over every
         data-parallel rank's rows (the whole batch's, as one worker would)."""
@@ -64,6 +65,7 @@ class CriticEngine(TrainedEngine):
             metrics["critic/values/mean"] = sums["values"] / max(sums["tokens"], 1.0)
         return NodeOutput(batch=batch, metrics=metrics)
 
+    @engine_verb
     def update_critic(self, batch: Any) -> NodeOutput:
         start = time.perf_counter()
         self._scheduler()

@@ -8,6 +8,7 @@ broadcast to the other stages, since every stage of a pipeline hands the same ro
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -22,6 +23,7 @@ from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.lora import iter_merged_hf_weights
 from siirl.engine.megatron.mixed_precision import loss_scaler
+from siirl.engine.megatron.offload import Offloader
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
 from siirl.engine.megatron.packing import pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
@@ -47,8 +49,12 @@ class MegatronBackend:
                  replicated: Optional[Dict[str, torch.nn.Module]] = None,
                  hf_module: Optional[torch.nn.Module] = None,
                  export_dtype: Optional[torch.dtype] = None, lora: Any = None,
-                 merge_on_export: bool = False, packing: bool = False):
+                 merge_on_export: bool = False, packing: bool = False,
+                 offload: Optional[Offloader] = None):
         self.module, self.optimizer = module, optimizer
+        # megatron.param_offload / grad_offload / optimizer_offload (megatron.offload): the
+        # verbs fetch what they touch, the engines' verbs park it again
+        self.offload = offload
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.tp_group, self.grad_clip = tp_group, grad_clip
@@ -91,6 +97,7 @@ class MegatronBackend:
         """``micro``: rows per micro-batch, or a token plan (dynamic batch size: its
         micro-batches have different rows, which megatron's schedule passes between
         pipeline stages with ``variable_seq_lengths``)."""
+        self._fetch(grads=not forward_only)
         device = self.device
         parts, restore = micro_batches(data, micro)
         if isinstance(micro, int):
@@ -138,10 +145,16 @@ class MegatronBackend:
         auxiliary losses as ``<prefix>/moe_aux_loss``, ``<prefix>/moe_z_loss``)."""
         return self.router_losses.take(prefix) if self.router_losses is not None else {}
 
+    def _fetch(self, grads: bool = False, optimizer: bool = False) -> None:
+        if self.offload is not None:
+            self.offload.fetch(grads, optimizer)
+
     def zero_grad(self) -> None:
+        self._fetch(grads=True, optimizer=True)
         self.optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> float:
+        self._fetch(grads=True, optimizer=True)
         if isinstance(self.optimizer, MegatronOptimizer):
             # gradients were reduced by the schedule's finalize_model_grads
             return self.optimizer.step_if_finite()
@@ -169,12 +182,14 @@ class MegatronBackend:
 
     def save_checkpoint(self, directory: str, extra: Dict[str, Any],
                         contents: Tuple[str, ...]) -> None:
+        self._fetch(optimizer=True)
         if self.lora is not None:
             return lora_checkpoint.save_checkpoint(directory, self, extra, contents)
         checkpointing.save_checkpoint(directory, self.schedule_model, self.optimizer, extra,
                                       contents, self.dp_rank, self.replicated)
 
     def load_checkpoint(self, directory: str, contents: Tuple[str, ...]) -> Dict[str, Any]:
+        self._fetch(optimizer=True)
         if self.lora is not None:
             return lora_checkpoint.load_checkpoint(directory, self, contents)
         return checkpointing.load_checkpoint(directory, self.schedule_model, self.optimizer,
@@ -183,6 +198,15 @@ class MegatronBackend:
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """HF-named full tensors of the whole model, in buckets, on every rank (collective
         over the tensor- and pipeline-parallel groups), in ``export_dtype``."""
+        with self.holding():  # parked again once the last bucket is taken
+            self._fetch()
+            yield from self._export_weights(bucket_bytes)
+
+    def holding(self) -> Any:
+        """What an engine verb runs in (megatron.offload: park again when it ends)."""
+        return self.offload.hold() if self.offload is not None else nullcontext()
+
+    def _export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         buckets = iter_pipeline_hf_weights(self.schedule_model, self.hf_module.config,
                                            bucket_bytes,
                                            tp_group=self.tp_group, stages=self.stages) \
@@ -196,6 +220,7 @@ class MegatronBackend:
     def export_hf(self, directory: str, tokenizer: Any) -> None:
         """The HF copy refreshed from the megatron weights (collective), saved as a
         transformers directory by global rank 0 (LoRA: lora_checkpoint.export_hf)."""
+        self._fetch()
         if self.lora is not None:
             return lora_checkpoint.export_hf(directory, self, tokenizer, self.merge_on_export)
         copy_into(self.hf_module, self.export_weights(DEFAULT_BUCKET_BYTES))

@@ -9,16 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
-from siirl.params.key_conditions import get
+from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount, size, workers, workers_text
 from siirl.params.value_rules import at_least, one_of
 from siirl.plugins import install_hint
 
 ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
-_MEGATRON_OFFLOAD = ("megatron CPU offload is not implemented; parameters and optimizer "
-                     "state stay on the GPU (on a GPU run strategy=fsdp offloads with "
-                     "fsdp_config.param_offload; a CPU run has nothing to offload).")
+# also the engine's own refusal (siirl.engine.megatron.offload), for workers elsewhere
+OFFLOAD_ON_CPU = ("megatron offload moves a role's weights, gradients and optimizer state "
+                  "to host memory between its steps, to free GPU memory for the rollout "
+                  "and the other roles; this run computes on the CPU (trainer.device=cpu, "
+                  "or auto where no GPU is visible), so there is nothing to free: leave it "
+                  "false.")
 _MIRRORED = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
              "virtual_pipeline_model_parallel_size", "sequence_parallel",
              "expert_model_parallel_size", "expert_tensor_parallel_size")
@@ -216,8 +219,8 @@ def megatron_rules(mount: Mount) -> List[Rule]:
     optimizer_offload = (f"{prefix}.grad_offload", f"{prefix}.optimizer_offload")
     return _role_keys(mount) + rules + [
         refused((f"{prefix}.param_offload",) + (optimizer_offload if role != "reference"
-                                                else ()), "megatron offload is not implemented",
-                _MEGATRON_OFFLOAD),
+                                                else ()), "no offload on a CPU run",
+                OFFLOAD_ON_CPU, cpu_run),
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
         *_expert_rules(prefix, role),
         refused(f"{prefix}.use_dist_checkpointing", "needs dist_checkpointing_path",

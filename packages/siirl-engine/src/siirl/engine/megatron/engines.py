@@ -38,6 +38,7 @@ from siirl.engine.megatron.mixed_precision import (
     with_main_params,
 )
 from siirl.engine.megatron.moe import is_moe, num_experts
+from siirl.engine.megatron.offload import backend_offloader, role_offload
 from siirl.engine.megatron.router_replay import RoutingReplay, replay_settings
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
 from siirl.engine.megatron.transformer_overrides import (
@@ -185,6 +186,9 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
         _refresh_hf_copy(hf_model, model, tp_group)
     adapters = lora_setup.attach(cfg, model, hf_model.config)  # None without LoRA
     optimizer, grad_sync = _actor_optimizer(cfg, model, group, dp, tp_group, dtype)
+    offload = backend_offloader(role_offload(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY,
+                                             resolve_device(cfg)), model, optimizer,
+                                resolve_device(cfg))
     backend = MegatronBackend(model, optimizer, dp_rank=rank, dp_size=dp, dp_group=group,
                               tp_group=tp_group, ep_group=expert_groups()[1],
                               grad_clip=cfg.actor_rollout_ref.actor.grad_clip,
@@ -192,7 +196,8 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                               export_dtype=rollout_weight_dtype(cfg, dtype), lora=adapters,
                               merge_on_export=bool(cfg.actor_rollout_ref.model
                                                    .lora_merge_on_export),
-                              packing=bool(cfg.actor_rollout_ref.model.use_remove_padding))
+                              packing=bool(cfg.actor_rollout_ref.model.use_remove_padding),
+                              offload=offload)
     if replays:
         backend.routing = RoutingReplay(model, num_experts(hf_model.config),
                                         tp_group if sequence_parallel(cfg) else None)
@@ -212,7 +217,7 @@ def megatron_reference(config: Any, worker: Any = None,
     rank, dp, _, _ = _parallel_groups()
     if lora_setup.shares_actor_base(actor):  # frozen base weights = the initial policy
         return ReferenceEngine(cfg, MegatronBackend(actor.backend.schedule_model, dp_rank=rank,
-                                                    dp_size=dp),
+                                                    dp_size=dp, offload=actor.backend.offload),
                                lora_setup.without_adapters(logprob_heads))
     hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
     # its own checkpoint, else the actor's (the reference is the actor's initial policy)
@@ -226,8 +231,12 @@ def megatron_reference(config: Any, worker: Any = None,
     model.requires_grad_(False)
     model.eval()
     packing = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+    device = resolve_device(cfg)
+    offload = backend_offloader(role_offload(cfg.actor_rollout_ref.ref.megatron,
+                                             "actor_rollout_ref.ref.megatron", device,
+                                             trains=False), model, None, device)
     return ReferenceEngine(cfg, MegatronBackend(model, dp_rank=rank, dp_size=dp,
-                                                packing=packing),
+                                                packing=packing, offload=offload),
                            logprob_heads)
 
 
@@ -248,13 +257,16 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     optimizer = with_main_params(build_optimizer(module.parameters(), cfg.critic.optim), dtype,
                                  _optim_overrides(cfg.critic.optim, "critic.optim"))
     expert_dp_group, ep_group = expert_groups()
+    device = resolve_device(cfg)
+    offload = backend_offloader(role_offload(cfg.critic.megatron, "critic.megatron", device),
+                                module, optimizer, device)
     backend = MegatronBackend(
         module, optimizer, schedule_model=model,
         dp_rank=rank, dp_size=dp, dp_group=group, tp_group=tp_group, ep_group=ep_group,
         grad_clip=cfg.critic.grad_clip,
         grad_sync=grad_averager(module, group, dp, tp_group, expert_dp_group),
         replicated={"value_head": module.value_head},
-        packing=bool(cfg.critic.model.use_remove_padding))
+        packing=bool(cfg.critic.model.use_remove_padding), offload=offload)
     return CriticEngine(backend, cfg, value_heads(module))
 
 

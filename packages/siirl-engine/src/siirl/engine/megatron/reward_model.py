@@ -22,13 +22,14 @@ import torch
 import torch.distributed as dist
 
 from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, RESPONSES
-from siirl.engine.common.backend import Head
+from siirl.engine.common.backend import Head, engine_verb
 from siirl.engine.common.config import run_seed, typed_config
 from siirl.engine.common.runtime import resolve_device
 from siirl.engine.megatron.backend import MegatronBackend
 from siirl.engine.megatron.heads import MegatronBackbone
 from siirl.engine.megatron.mixed_precision import params_dtype
 from siirl.engine.megatron.moe import is_moe
+from siirl.engine.megatron.offload import backend_offloader, role_offload
 from siirl.engine.megatron.setup import build_megatron_model, init_megatron, sequence_parallel
 from siirl.engine.megatron.transformer_overrides import transformer_overrides
 from siirl.engine.reward_model import inputs
@@ -85,6 +86,7 @@ class MegatronRewardModelEngine(RewardModelEngine):
         self.head = score_head(backend.module)
         self.group = model_parallel_group
 
+    @engine_verb
     def scores(self, data: Any) -> torch.Tensor:
         """``[rows]`` scores of this rank's left-padded rows, scored with the model-parallel
         peers' rows (see the module docstring)."""
@@ -145,9 +147,11 @@ def megatron_reward_model(config: Any, worker: Any = None,
     model = ScoreModel(MegatronBackbone(gpt), score)
     model.requires_grad_(False)
     dp = ps.get_data_parallel_world_size()
+    offload = backend_offloader(role_offload(cfg.reward_model.megatron, "reward_model.megatron",
+                                             device, trains=False), model, None, device)
     backend = MegatronBackend(model, schedule_model=gpt, dp_rank=ps.get_data_parallel_rank(),
                               dp_size=dp, dp_group=ps.get_data_parallel_group() if dp > 1
-                              else None)
+                              else None, offload=offload)
     group = ps.get_model_parallel_group() \
         if ps.get_tensor_model_parallel_world_size() * \
         ps.get_pipeline_model_parallel_world_size() > 1 else None

@@ -13,8 +13,9 @@ from siirl.engine.fsdp.config import FSDPArguments
 from siirl.engine.megatron.config import (
     DERIVED_TRANSFORMER_KEYS,
     NO_CONTEXT_PARALLEL,
+    OFFLOAD_ON_CPU,
 )
-from siirl.params.key_conditions import get
+from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
 from siirl.params.sections import ConfigSection, Mount
 from siirl.params.value_rules import above, at_least, one_of
@@ -124,9 +125,8 @@ def megatron_rules() -> List[Rule]:
                 f"{NO_CONTEXT_PARALLEL}; the reward model runs in the actor's megatron "
                 "parallel state: leave it at 1.",
                 lambda config, key: _megatron_classifier(config, key) and get(config, key) != 1),
-        refused(f"{_MEGATRON}.param_offload", "megatron offload is not implemented",
-                "megatron CPU offload is not implemented; the reward model's parameters stay "
-                "on the GPU: leave it false.", _megatron_classifier),
+        refused(f"{_MEGATRON}.param_offload", "no offload on a CPU run", OFFLOAD_ON_CPU,
+                lambda config, key: _megatron_classifier(config, key) and cpu_run(config, key)),
         notice((f"{_MEGATRON}.grad_offload", f"{_MEGATRON}.optimizer_offload",
                 f"{_MEGATRON}.use_distributed_optimizer"), "no effect: no optimizer",
                "the reward model is frozen: it has no gradients and no optimizer.",
