@@ -13,8 +13,8 @@
 # Parts: main_job (the main job on CUDA, FSDP2 + hf rollout, 100 steps), train_mfu (FSDP
 # and Megatron bf16 on the 0.5B-shaped random model), step_floor (the step against its
 # floor), megatron (bridge, log-prob parity and GRPO steps on CUDA), logprobs (the Megatron
-# TP1 actor against FSDP on the same batch), offload (FSDP2 offload, megatron offload). Results:
-# docs/gpu_benchmarks.md.
+# TP1 actor against FSDP on the same batch), offload (FSDP2 offload, megatron offload).
+# Results: docs/gpu_benchmarks.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -103,7 +103,7 @@ else
     part train_mfu 130 "$python" tools/gpu/train_mfu.py --profile 12 --out "$out/train_mfu.json"
     part step_floor 60 env PYTHON="$python" OUT="$out/step_floor.json" \
         bash tools/gpu/step_floor_gpu.sh --rounds 6
-    part megatron 120 "$python" tools/gpu/check_megatron.py --out "$out/megatron.json"
+    part megatron 180 "$python" tools/gpu/check_megatron.py --out "$out/megatron.json"
     part logprobs 45 "$python" tools/gpu/megatron_fsdp_logprobs.py --out "$out/logprobs.json"
     part offload 240 "$python" tools/gpu/check_offload.py --out "$out/offload.json"
 fi
