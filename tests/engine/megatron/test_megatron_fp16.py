@@ -9,20 +9,25 @@ gradients overflow and backs the scale off after ``hysteresis`` of them).
   hold the steps are skipped, the weights stay, and the scale halves after two of them.
 * PPO with actor, reference and critic (torch AdamW in megatron's fp16 optimizer) in fp16
   resumes from a checkpoint bit for bit (the loss scale is in it).
+* A mixture-of-experts actor at EP 2 (megatron's dense and expert optimizers) unscales both
+  by one loss scale that moves once per step, and trains like fp32 within fp16 rounding.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from siirl_numerics import assert_close, rounding, scale_of
 from siirl_rollout_rows import rollout_rows
+from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 
 pytest.importorskip("megatron.core")
 
 from test_megatron_bf16 import _model, bf16_roundings  # noqa: E402
 from test_megatron_bridge import (  # noqa: E402
+    free_port,
     gloo_world_of_one,  # noqa: F401  (fixture)
     left_padded_batch,
     tiny_hf_model,
@@ -48,7 +53,7 @@ def test_fp16_logprobs_match_fp32_within_fp16_rounding(gloo_world_of_one):  # no
     assert_close(got, want, tol, "fp16 vs fp32 log-probs")
 
 
-def _actor(dtype: str):
+def _actor(dtype: str, *extra: str):
     from siirl.engine.megatron.engines import megatron_actor
     from siirl.params.parser import parse_config
 
@@ -57,7 +62,7 @@ def _actor(dtype: str):
         f"{ACTOR}.ppo_mini_batch_size=4", f"{ACTOR}.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.optim.lr=0.01",
-        f"{ACTOR}.megatron.dtype={dtype}"]))
+        f"{ACTOR}.megatron.dtype={dtype}", *extra]))
 
 
 def _weights(actor):
@@ -143,12 +148,68 @@ def test_override_optimizer_config_takes_optimizer_fields_only():
         optimizer_overrides({"initial_loss_scal": 2}, key)
 
 
-def test_fp16_is_refused_on_a_mixture_of_experts_model():
-    from siirl.engine.megatron.engines import megatron_actor
-    from siirl.errors import ConfigError
-    from siirl.params.parser import parse_config
+def _moe_rank(rank: int, world: int, port: int, out: str) -> None:
+    """One of 2 data-parallel ranks, one expert-parallel group (EP 2): an fp32 and an fp16
+    tiny-MoE actor's first update on this rank's rows."""
+    from megatron.core import parallel_state
 
-    with pytest.raises(ConfigError, match="separate loss scales"):
-        megatron_actor(parse_config([f"{ACTOR}.strategy=megatron", "trainer.device=cpu",
-                                     "actor_rollout_ref.model.path=builtin:tiny-moe",
-                                     f"{ACTOR}.megatron.dtype=float16"]))
+    from siirl.engine.megatron.joint_loss_scale import JointGradScaler
+
+    start_gloo_rank(rank, world, port, 120)
+    ep2 = ("actor_rollout_ref.model.path=builtin:tiny-moe", "trainer.n_gpus_per_node=2",
+           f"{ACTOR}.megatron.expert_model_parallel_size=2")
+    result = {}
+    for dtype in ("float32", "float16"):
+        actor = _actor(dtype, *ep2)
+        if dtype == "float16":
+            chain = actor.backend.optimizer.megatron.chained_optimizers
+            shared = len(chain) == 2 and chain[0].grad_scaler is chain[1].grad_scaler
+            result["one scale"] = shared and isinstance(chain[0].grad_scaler, JointGradScaler)
+            chain[0].grad_scaler.scaler._scale = torch.tensor([2.0**8])  # as the dense test
+        batch = actor.compute_log_prob(rollout_rows(vocab=20, seed=rank)).batch
+        result[dtype] = actor.update_policy(batch).metrics
+        result["config"] = actor.module.config
+        parallel_state.destroy_model_parallel()
+    torch.save(result, f"{out}/rank{rank}.pt")
+    finish_rank()
+
+
+def test_fp16_moe_at_ep_2_scales_dense_and_experts_as_one_and_trains_like_fp32(tmp_path):
+    """At EP 2 megatron steps the dense and the expert weights with two optimizers; both
+    unscale by one loss scale (joint_loss_scale), so the update is fp32's within fp16
+    rounding on every rank."""
+    context = mp.start_processes(_moe_rank, args=(2, free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    join_spawned(context, "the 2-rank fp16 MoE actor run")
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert result["one scale"], rank
+        want, got = result["float32"], result["float16"]
+        assert got["actor/skipped_steps"] == 0.0, rank
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            tol = rounding(torch.float16, bf16_roundings(result["config"], backward=True),
+                           abs(want[key]))
+            assert abs(got[key] - want[key]) <= tol.atol + tol.rtol * abs(want[key]), \
+                (rank, key, got[key], want[key])
+
+
+def test_one_overflowing_optimizer_moves_the_joint_scale_once_per_step():
+    from siirl.engine.megatron.cpu_compat import enable_cpu_mode
+    from siirl.engine.megatron.joint_loss_scale import JointGradScaler
+
+    enable_cpu_mode()  # megatron's scaler keeps its scalars on 'cuda' otherwise
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    def scaler():
+        return DynamicGradScaler(initial_scale=2.0**10, min_scale=1.0, growth_factor=2.0,
+                                 backoff_factor=0.5, growth_interval=2, hysteresis=1)
+
+    joint = JointGradScaler(scaler(), 2)
+    joint.update(False)  # the dense optimizer's gradients are finite ...
+    assert float(joint.scale) == 2.0**10  # ... nothing moves before the experts report
+    joint.update(True)  # ... the experts' overflow: one back-off for both
+    assert float(joint.scale) == 2.0**9 and float(joint.inv_scale) == 2.0**-9
+    for _ in range(2):  # two clean steps (growth_interval 2): grows once, not twice
+        joint.update(False)
+        joint.update(False)
+    assert float(joint.scale) == 2.0**10

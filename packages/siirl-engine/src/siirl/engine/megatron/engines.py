@@ -127,15 +127,9 @@ def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp
             grad_averager(model, group, dp, tp_group, expert_groups()[0]))
 
 
-def _role_dtype(megatron_section: Any, key: str, hf_config: Any = None) -> torch.dtype:
+def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
     """The role's ``megatron.dtype`` (each role reads its own section, as in verl)."""
-    dtype = params_dtype(megatron_section.dtype, key)
-    if dtype == torch.float16 and hf_config is not None and is_moe(hf_config):
-        # megatron steps dense and expert weights with two optimizers, each with its own
-        # loss scale, while the loss is scaled by the first one's
-        raise ConfigError(f"{key}=float16 on a mixture-of-experts model: megatron's dense and "
-                          "expert optimizers would keep separate loss scales; use bfloat16.")
-    return dtype
+    return params_dtype(megatron_section.dtype, key)
 
 
 def dist_checkpoint(section: Any, key: str) -> Optional[Tuple[str, Optional[str]]]:
@@ -176,7 +170,7 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     rank, dp, group, tp_group = _parallel_groups()
     hf_model, tokenizer = load_policy(cfg)
     dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
-                        "actor_rollout_ref.actor.megatron.dtype", hf_model.config)
+                        "actor_rollout_ref.actor.megatron.dtype")
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     overrides = _overrides(cfg.actor_rollout_ref.actor.megatron, hf_model.config, ACTOR_KEY)
     replays = replay_settings(cfg, hf_model.config, overrides)
@@ -247,7 +241,7 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
-    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype", lm.config)
+    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype")
     # a distributed checkpoint (an LM's) gives the backbone; the value head starts from
     # its seeded init as with HF weights
     model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype,

@@ -91,7 +91,7 @@ def loss_scaler(optimizer: Any) -> Any:
     None (its ``scale_loss`` then goes into the model config's ``grad_scale_func``)."""
     megatron = getattr(optimizer, "megatron", optimizer)  # MegatronOptimizer wraps one
     # megatron chains its optimizers (one per parameter kind): the first one's scale is the
-    # chain's (get_loss_scale); fp16 MoE, whose two would scale apart, is refused
+    # chain's (get_loss_scale), and on an MoE model every one's (joint_loss_scale)
     first = getattr(megatron, "chained_optimizers", [megatron])[0]
     return megatron if getattr(first, "grad_scaler", None) is not None else None
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from siirl.engine.megatron.joint_loss_scale import share_loss_scale
 from siirl.engine.megatron.mixed_precision import LOSS_SCALING
 
 __all__ = ["build_distributed_optimizer", "finish_grad_sync", "load_optimizer_checkpoint",
@@ -103,6 +104,7 @@ def build_distributed_optimizer(model: torch.nn.Module, *, lr: float,
     )
     opt_kwargs.update(optimizer_overrides or {})
     optimizer = get_megatron_optimizer(OptimizerConfig(**opt_kwargs), [ddp_model])
+    share_loss_scale(optimizer)  # fp16 MoE: the dense and expert optimizers scale as one
     return ddp_model, optimizer
 
 
