@@ -4,7 +4,8 @@ SGD steps on the same batch the adapters, the log-probs and the merged HF export
 peft's within float32 rounding; the adapters saved in peft's format load with peft on the
 HF model and score like the megatron model; adapters off is the base model. The same
 checks run at TP=2 over gloo (two spawned ranks), where the adapters are split like the
-base weights.
+base weights, and at TP=2 with sequence parallelism, where the adapters read and write
+sequence slices and the replicated adapters' gradients are summed over TP.
 """
 
 from __future__ import annotations
@@ -49,19 +50,22 @@ def _peft_logits(model, batch):
                  position_ids=position_ids).logits
 
 
-def lora_checks(family: str, targets, tmp_dir: str | None = None) -> None:
+def lora_checks(family: str, targets, tmp_dir: str | None = None,
+                sequence_parallel: bool = False) -> None:
     """Every check of the module doc at this process's TP size (assertions on every rank;
     the peft model, the same on every rank, is the reference)."""
     import torch.distributed as dist
+    from megatron.core import parallel_state
     from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 
     from siirl.engine.megatron import lora
     from siirl.engine.megatron.bridge import load_hf_weights
     from siirl.engine.megatron.model import build_gpt_model, forward_logits
+    from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
     hf = tiny_hf_model(family)
     settings = LoraSettings(rank=4, alpha=8.0, targets=target_projections(targets))
-    megatron = build_gpt_model(hf.config)
+    megatron = build_gpt_model(hf.config, sequence_parallel=sequence_parallel)
     load_hf_weights(megatron, hf.state_dict(), hf.config)
     batch = left_padded_batch(hf.config.vocab_size)
     input_ids, attention_mask, position_ids = batch
@@ -86,6 +90,14 @@ def lora_checks(family: str, targets, tmp_dir: str | None = None) -> None:
         token_loss(forward_logits(megatron, input_ids, position_ids, attention_mask),
                    input_ids, attention_mask).backward()
         token_loss(_peft_logits(reference, batch), input_ids, attention_mask).backward()
+        summed = [p for p in trainable if getattr(p, "sequence_parallel", False)]
+        assert bool(summed) == sequence_parallel
+        partial = [p.grad.clone() for p in summed]
+        sum_sequence_parallel_grads(megatron, parallel_state.get_tensor_model_parallel_group()
+                                    if sequence_parallel else None)
+        # each rank's replicated-adapter gradient covered its sequence slice only
+        assert all(not torch.allclose(g, p.grad) for g, p in zip(partial, summed, strict=True)
+                   if float(p.grad.abs().max()) > 0)
         ours.step()
         theirs.step()
 
@@ -123,7 +135,8 @@ def lora_checks(family: str, targets, tmp_dir: str | None = None) -> None:
         with torch.no_grad():
             assert_logprobs_close(logits, _peft_logits(loaded, batch), attention_mask,
                                   hf.config, "peft-loaded adapters")
-    fresh = build_gpt_model(hf.config)  # a resumed run: the adapters read back exactly
+    # a resumed run: the adapters read back exactly
+    fresh = build_gpt_model(hf.config, sequence_parallel=sequence_parallel)
     load_hf_weights(fresh, hf.state_dict(), hf.config)
     lora.add_adapters(fresh, hf.config, settings, seed=99)
     lora.load_adapter_state(fresh, trained)
@@ -162,3 +175,23 @@ def test_lora_matches_peft_at_tp2_over_gloo():
     context = mp.start_processes(_rank_main, args=(2, free_port()), nprocs=2, join=False,
                                  start_method="spawn")
     join_spawned(context, "megatron LoRA TP=2")
+
+
+def _sp_rank_main(rank: int, world_size: int, port: int) -> None:
+    from megatron.core import parallel_state
+
+    start_gloo_rank(rank, world_size, port)
+    init_megatron(tp=2, pp=1)
+    lora_checks("llama", "all-linear", sequence_parallel=True)
+    lora_checks("qwen2", ["q_proj", "o_proj", "gate_proj", "down_proj"],
+                sequence_parallel=True)
+    parallel_state.destroy_model_parallel()
+    finish_rank()
+
+
+def test_lora_matches_peft_at_tp2_with_sequence_parallel():
+    """TP=2, sequence_parallel=true: each rank's adapters see half of the sequence; trained,
+    merged, saved and read back they equal peft's within float32 rounding."""
+    context = mp.start_processes(_sp_rank_main, args=(2, free_port()), nprocs=2, join=False,
+                                 start_method="spawn")
+    join_spawned(context, "megatron LoRA TP=2 with sequence parallelism")

@@ -137,16 +137,15 @@ def _own_role_on_megatron(config: Any, key: str) -> bool:
 def _lora_refused(role: str) -> Callable[[Any, str], bool]:
     """LoRA where the megatron LoRA cannot run: a megatron reference of a non-megatron
     actor (it is the actor's stage with adapters off), a megatron actor with pipeline
-    stages or sequence parallelism (siirl.engine.megatron.lora also refuses experts and
-    Transformer Engine's fused layers when the model is built)."""
+    stages (siirl.engine.megatron.lora also refuses experts and Transformer Engine's fused
+    layers when the model is built)."""
 
     def when(config: Any, key: str) -> bool:
         if not int(get(config, key) or 0) > 0:
             return False
         if role != "actor":
             return str(get(config, f"{ACTOR}.strategy")) != "megatron"
-        return int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1 \
-            or bool(get(config, f"{ACTOR}.megatron.sequence_parallel"))
+        return int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
     return when
 
 
@@ -155,11 +154,11 @@ def _lora_rule(role: str) -> Rule:
         return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
                        "with LoRA the reference is the actor's own model with its adapters "
                        f"off: set {REF}.strategy to the actor's strategy.", _lora_refused(role))
-    return refused(_LORA_RANK, "megatron LoRA: not with PP or sequence parallelism",
-                   "the megatron LoRA adapters run on one pipeline stage and read unsplit "
-                   f"sequences: set {ACTOR}.megatron.pipeline_model_parallel_size=1 and "
-                   "sequence_parallel=false (tensor parallelism works), or use "
-                   "strategy=fsdp for LoRA.", _lora_refused(role))
+    return refused(_LORA_RANK, "megatron LoRA: not with pipeline stages",
+                   "the megatron LoRA adapters' checkpoint and weight export are gathered on "
+                   f"one pipeline stage: set {ACTOR}.megatron.pipeline_model_parallel_size=1 "
+                   "(tensor and sequence parallelism work), or use strategy=fsdp for LoRA.",
+                   _lora_refused(role))
 
 
 def _role_keys(mount: Mount) -> List[Rule]:

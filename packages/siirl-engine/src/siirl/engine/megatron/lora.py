@@ -13,6 +13,12 @@ Split over tensor parallelism like the base weight:
 * row-parallel (proj, fc2): ``A`` split on the input dim, ``B`` replicated; the partial
   ``A @ x`` is all-reduced over TP before ``B``.
 
+With sequence parallelism a column-parallel layer reads this rank's sequence slice (megatron
+all-gathers it inside the layer) and a row-parallel one reduce-scatters its output to it, so
+the rank-r ``A @ x`` is all-gathered along the sequence (column) or reduce-scattered (row)
+instead; the replicated ``A`` (column) or ``B`` (row) then sees only the slice, and its
+gradient, marked ``sequence_parallel`` like the norms', is summed over TP with theirs.
+
 The base weights are frozen (only the adapters reach the optimizer). The adapters start as
 peft's (``A`` kaiming-uniform from a generator seeded with ``seed``, ``B`` zero), so at
 init the model is the base model. :func:`merged_state` gives the stage's weights with the
@@ -87,31 +93,41 @@ class LoraAdapters(torch.nn.Module):
     and ``lora_B[name]`` (this TP rank's parts)."""
 
     def __init__(self, kind: str, slices: Dict[str, Tuple[int, int]], scaling: float,
-                 qkv_groups: Optional[Tuple[int, int, int]] = None):
+                 qkv_groups: Optional[Tuple[int, int, int]] = None,
+                 sequence_parallel: bool = False):
         super().__init__()
         self.kind, self.scaling, self.qkv_groups = kind, scaling, qkv_groups
+        self.sequence_parallel = sequence_parallel
         self.out_sizes = {name: rows for name, (rows, _) in slices.items()}  # local rows
         self.lora_A = torch.nn.ParameterDict()
         self.lora_B = torch.nn.ParameterDict()
         self.enabled = True
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
-        """``scaling * B @ A @ x`` in the base layer's local output layout."""
+        """``scaling * B @ A @ x`` in the base layer's local output layout (one collective
+        for all the layer's adapters: their ``A`` stacked)."""
+        names = [name for name in self.out_sizes if name in self.lora_A]
+        a = torch.cat([self.lora_A[name] for name in names])
+        hidden = self._over_tp(x.to(a.dtype) @ a.t()).split(
+            [self.lora_A[name].shape[0] for name in names], dim=-1)
+        products = {name: h @ self.lora_B[name].t() * self.scaling
+                    for name, h in zip(names, hidden, strict=True)}
+        return self.fuse([products.get(name) for name in self.out_sizes],
+                         hidden[0].shape[:-1], x.dtype, x.device, dim=-1)
+
+    def _over_tp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``A @ x`` in the layout ``B`` reads (autograd-correct megatron collectives)."""
         from megatron.core.tensor_parallel import mappings
 
-        parts = []
-        for name in self.out_sizes:
-            if name not in self.lora_A:
-                parts.append(None)
-                continue
-            a, b = self.lora_A[name], self.lora_B[name]
-            hidden = x.to(a.dtype) @ a.t()
-            if self.kind == "column":  # backward: A's gradient summed over output shards
-                hidden = mappings.copy_to_tensor_model_parallel_region(hidden)
-            else:  # each rank holds some input columns: sum the partial products
-                hidden = mappings.reduce_from_tensor_model_parallel_region(hidden)
-            parts.append(hidden @ b.t() * self.scaling)
-        return self.fuse(parts, x.shape[:-1], x.dtype, x.device, dim=-1)
+        if self.kind == "column":  # backward: A's gradient summed over output shards
+            if self.sequence_parallel:  # the slice's rows -> the whole sequence
+                return mappings.gather_from_sequence_parallel_region(
+                    hidden, tensor_parallel_output_grad=True)
+            return mappings.copy_to_tensor_model_parallel_region(hidden)
+        # each rank holds some input columns: sum the partial products
+        if self.sequence_parallel:  # ... keeping this rank's slice of the sequence
+            return mappings.reduce_scatter_to_sequence_parallel_region(hidden)
+        return mappings.reduce_from_tensor_model_parallel_region(hidden)
 
     def fuse(self, parts: List[Optional[torch.Tensor]], lead: Sequence[int], dtype, device,
              dim: int) -> torch.Tensor:
@@ -170,14 +186,11 @@ def _check_layout(model: torch.nn.Module, hf_config) -> None:
 
     from siirl.engine.megatron.moe import is_moe
 
-    config = model.config
     problems = []
     if is_moe(hf_config):
         problems.append("mixture-of-experts layers (adapters on the experts are not built)")
     if ps.get_pipeline_model_parallel_world_size() > 1:
         problems.append("pipeline_model_parallel_size > 1 (adapters are gathered on one stage)")
-    if config.sequence_parallel:
-        problems.append("sequence_parallel=true (the adapters read unsplit sequences)")
     if any(k.endswith("layer_norm_weight") for k in model.state_dict()):
         problems.append("Transformer Engine's fused norm+linear layers")
     if problems:
@@ -234,7 +247,8 @@ def add_adapters(model: torch.nn.Module, hf_config, settings: LoraSettings,
                 groups = (kv // tp, hf_config.num_attention_heads // kv, head_dim(hf_config))
             slices = {p: (_slices(hf_config, p)[0] // (tp if kind == "column" else 1),
                           _slices(hf_config, p)[1]) for p in projections}
-            adapters = LoraAdapters(kind, slices, settings.scaling, groups)
+            adapters = LoraAdapters(kind, slices, settings.scaling, groups,
+                                    bool(gpt.config.sequence_parallel))
             for proj in projections:
                 if proj not in chosen:
                     continue
@@ -250,6 +264,8 @@ def add_adapters(model: torch.nn.Module, hf_config, settings: LoraSettings,
                 b = torch.nn.Parameter(b.to(weight.device, weight.dtype))
                 split, dim = (b, 0) if kind == "column" else (a, 1)
                 set_tensor_model_parallel_attributes(split, True, dim, 1)
+                # the replicated one sees this rank's sequence slice: summed over TP
+                (a if kind == "column" else b).sequence_parallel = adapters.sequence_parallel
                 adapters.lora_A[proj], adapters.lora_B[proj] = a, b
             linear.lora = adapters
             linear.lora_layer = layer  # the HF layer index the adapter names use
