@@ -1,8 +1,8 @@
 """The megatron section's expert-parallel keys: accepted where the engine runs them (the actor
 under megatron's DDP, the reference in the actor's state, a megatron critic averaging by
-hand), refused with the reason where it would not (expert TP other than TP, pipeline stages,
-so virtual stages too), and sized against the data-parallel ranks the experts are split
-over."""
+hand), refused with the reason where it would not (experts or an expert TP other than TP
+with pipeline stages, so virtual stages too), and sized against the workers the experts
+are split over."""
 
 import pytest
 
@@ -27,9 +27,30 @@ def test_expert_parallelism_of_the_actor_is_accepted():
     parse_config(EP2 + [f"{ACTOR}.megatron.expert_tensor_parallel_size=1"], validate=True)
 
 
-def test_expert_tensor_parallelism_other_than_tp_is_refused():
+def test_expert_tensor_parallelism_other_than_tp_is_accepted():
+    """TP 2 with whole experts (expert TP 1), spread by EP 2 or replicated (EP 1)
+    (tests/engine/megatron/test_megatron_expert_tp.py trains them)."""
+    tp2 = [f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+           f"{ACTOR}.megatron.sequence_parallel=true",
+           f"{ACTOR}.megatron.expert_tensor_parallel_size=1"]
+    for experts in ("1", "2"):
+        config = parse_config(EP2[:1] + EP2[2:] + tp2 + [
+            f"{ACTOR}.megatron.expert_model_parallel_size={experts}"], validate=True)
+        assert config.actor_rollout_ref.actor.megatron.expert_tensor_parallel_size == 1
+
+
+def test_expert_tensor_parallelism_must_fit_the_workers():
     text = _refusal(EP2 + [f"{ACTOR}.megatron.expert_tensor_parallel_size=2"])
-    assert "expert_tensor_parallel_size null" in text, text
+    assert "expert_tensor_parallel_size=2 x expert_model_parallel_size=2" in text, text
+    assert "must divide the number of workers (2 " in text, text
+
+
+def test_expert_tensor_parallelism_other_than_tp_with_pipeline_stages_is_refused():
+    text = _refusal([f"{ACTOR}.strategy=megatron", "trainer.device=cpu",
+                     "trainer.n_gpus_per_node=2",
+                     f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                     f"{ACTOR}.megatron.expert_tensor_parallel_size=2"])
+    assert "expert_tensor_parallel_size" in text and "tp-cp-ep-pp-dp" in text, text
 
 
 def test_expert_parallelism_of_a_megatron_critic_is_accepted():

@@ -36,9 +36,10 @@ def clip_grad_norm(module: torch.nn.Module, clip: Any, tp_group: Any = None,
     the group, the others are replicated and count once; with ``pp_group`` every pipeline
     stage holds its own layers, so the stages' squares are summed, except copies marked
     ``shared`` (the last stage's copy of tied embeddings) which count on the first stage;
-    with ``ep_group`` (expert parallelism) each rank holds its own experts (parameters
-    megatron marks ``allreduce=False``), so their squares are summed over that group, as
-    megatron's optimizer sums them over its expert model-parallel group."""
+    expert parameters (those megatron marks ``allreduce=False``: laid out apart from the
+    dense ones) are each rank's own shards of its experts, so their squares are summed over
+    ``ep_group`` (megatron's expert tensor-and-model-parallel group; None: one rank), as
+    megatron's optimizer sums them over its expert groups, never over ``tp_group``."""
     params = [p for p in module.parameters() if p.requires_grad]
     max_norm = float(clip) if clip and clip > 0 else float("inf")
     if tp_group is not None or pp_group is not None or ep_group is not None:
@@ -77,22 +78,20 @@ def _clip_model_parallel(params: list, max_norm: float, tp_group: Any,
                          pp_group: Any, ep_group: Any = None) -> float:
     grads = [(p, p.grad) for p in params if p.grad is not None]
     device = grads[0][1].device if grads else (params[0].device if params else "cpu")
-    # squared norms of [dense, expert] parameters: TP shards, and TP replicas counted once
-    sharded = torch.zeros(2, dtype=torch.float64, device=device)
-    replicated = torch.zeros(2, dtype=torch.float64, device=device)
+    # squared norms: [dense TP shards, dense TP replicas (counted once), experts]
+    squares_of = torch.zeros(3, dtype=torch.float64, device=device)
     for param, grad in grads:
         if pp_group is not None and getattr(param, "shared", False):
             continue  # counted on the stage that owns the original
-        squares = grad.detach().double().pow(2).sum()
-        kind = int(ep_group is not None and not getattr(param, "allreduce", True))
-        if getattr(param, "tensor_model_parallel", False):
-            sharded[kind] += squares
-        else:
-            replicated[kind] += squares
+        kind = 2 if not getattr(param, "allreduce", True) else \
+            0 if getattr(param, "tensor_model_parallel", False) else 1
+        squares_of[kind] += grad.detach().double().pow(2).sum()
+    sharded, replicated, experts = squares_of.unbind()
     if tp_group is not None:
+        sharded = sharded.clone()
         torch.distributed.all_reduce(sharded, group=tp_group)
-    dense, experts = (sharded + replicated).unbind()
-    if ep_group is not None:  # every expert-parallel rank holds other experts
+    dense = sharded + replicated
+    if ep_group is not None:  # the other expert (tensor-)parallel ranks hold other shards
         experts = experts.clone()
         torch.distributed.all_reduce(experts, group=ep_group)
     total = dense + experts

@@ -21,7 +21,7 @@ from siirl.engine.common.dynamic_batch import Micro, micro_batches
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
 from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
-from siirl.engine.megatron.lora import iter_merged_hf_weights
+from siirl.engine.megatron.lora_state import iter_merged_hf_weights
 from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.offload import Offloader
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
@@ -58,7 +58,7 @@ class MegatronBackend:
         self.schedule_model = schedule_model if schedule_model is not None else module
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.tp_group, self.grad_clip = tp_group, grad_clip
-        # expert parallelism: the group whose ranks hold the other experts (the grad norm)
+        # the experts' own tensor-and-model-parallel group (ETP x EP): the grad norm's
         self.ep_group = ep_group
         # averages gradients over data parallelism when megatron's DDP does not
         self.grad_sync = grad_sync
@@ -211,7 +211,8 @@ class MegatronBackend:
                                            bucket_bytes,
                                            tp_group=self.tp_group, stages=self.stages) \
             if self.lora is None else iter_merged_hf_weights(
-                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group)
+                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group,
+                self.stages)
         dtype = self.export_dtype
         for bucket in buckets:
             yield bucket if dtype is None else [(name, tensor.to(dtype))

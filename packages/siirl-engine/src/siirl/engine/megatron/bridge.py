@@ -18,8 +18,10 @@ concatenation, so HF -> megatron -> HF is bit-exact. Layouts (megatron-core 0.16
   megatron's replicated ``q_layernorm`` / ``k_layernorm``.
 * MoE layers: the router ``mlp.gate.weight`` is megatron's replicated ``mlp.router.weight``;
   expert ``e`` of HF's fused ``mlp.experts.gate_up_proj[e]`` (``[gate; up]``) and
-  ``down_proj[e]`` are ``mlp.experts.local_experts.e.linear_fc1`` / ``linear_fc2``, split over
-  TP like a dense layer's fc1 / fc2 (expert TP = TP). HF's stacked tensor is rebuilt from all
+  ``down_proj[e]`` are ``mlp.experts.local_experts.e.linear_fc1`` / ``linear_fc2``, split like
+  a dense layer's fc1 / fc2 but over the expert-tensor-parallel ranks (megatron's
+  ``expert_tensor_parallel_size``, by default TP; 1: whole experts on every rank while the
+  dense layers are split over TP). HF's stacked tensor is rebuilt from all
   experts' entries (entries of one HF tensor are consecutive). Qwen2-MoE's shared expert
   (``mlp.shared_expert``) is megatron's ``mlp.shared_experts`` MLP, split like a dense one,
   and its sigmoid gate ``mlp.shared_expert_gate`` the replicated ``shared_experts.gate_weight``.
@@ -237,11 +239,14 @@ def _hf_tensors(entries: Iterable[Entry], merged_of: Callable[[Entry], Any],
 def hf_to_megatron(hf_state_dict: dict[str, torch.Tensor], hf_config, tp_rank: int = 0,
                    tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1,
                    te_layout: bool = False, vocab_divisible_by: int = 1, ep_rank: int = 0,
-                   ep_size: int = 1) -> dict[str, torch.Tensor]:
-    """The megatron state dict of one (TP rank, PP stage, EP rank) shard, built from full HF
-    tensors (expert TP = TP)."""
-    return {e.mcore: _shard(e, [hf_state_dict[n] for n in e.hf], hf_config, tp_rank, tp_size,
-                            vocab_divisible_by)
+                   ep_size: int = 1, expert_tp_rank: int | None = None,
+                   expert_tp_size: int | None = None) -> dict[str, torch.Tensor]:
+    """The megatron state dict of one (TP rank, PP stage, EP rank, expert-TP rank) shard,
+    built from full HF tensors (expert TP: by default the TP rank and size)."""
+    dense = (tp_rank, tp_size)
+    experts = dense if expert_tp_size is None else (expert_tp_rank or 0, expert_tp_size)
+    return {e.mcore: _shard(e, [hf_state_dict[n] for n in e.hf], hf_config,
+                            *(dense if e.expert is None else experts), vocab_divisible_by)
             for e in stage_entries(hf_config, pp_rank, pp_size, te_layout, ep_rank, ep_size)}
 
 
@@ -250,12 +255,17 @@ def _is_te_layout(keys) -> bool:
 
 
 def megatron_to_hf(tp_shards: Sequence[dict[str, torch.Tensor]], hf_config, pp_rank: int = 0,
-                   pp_size: int = 1, ep_size: int = 1) -> dict[str, torch.Tensor]:
-    """Full HF tensors of PP stage ``pp_rank`` from its TP ranks' state dicts (in TP rank
-    order; with EP, EP-major: ``tp_shards[ep_rank * tp + tp_rank]``, EP rank 0's dense
-    tensors are taken). Stages hold disjoint HF names: merge the dicts of all stages for the
-    whole model. With tied embeddings no ``lm_head.weight`` is produced (HF ties it)."""
-    tp, te_layout = len(tp_shards) // ep_size, _is_te_layout(tp_shards[0])
+                   pp_size: int = 1, ep_size: int = 1, tp_size: int | None = None,
+                   expert_tp_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Full HF tensors of PP stage ``pp_rank`` from its ranks' state dicts in rank order
+    (siiRL's tp-cp-ep-pp-dp): the dense tensors from the first ``tp_size`` (default
+    ``len(tp_shards) // ep_size``), the experts of EP rank ``r`` from ranks
+    ``r * etp ... (r + 1) * etp - 1`` (megatron's expert layout: expert TP fastest, then EP;
+    ``etp = expert_tp_size``, default ``tp_size``). Stages hold disjoint HF names: merge the
+    dicts of all stages for the whole model. With tied embeddings no ``lm_head.weight`` is
+    produced (HF ties it)."""
+    tp, te_layout = tp_size or len(tp_shards) // ep_size, _is_te_layout(tp_shards[0])
+    etp = expert_tp_size or tp
     entries = [e for r in range(ep_size)
                for e in stage_entries(hf_config, pp_rank, pp_size, te_layout, r, ep_size)
                if r == 0 or e.expert is not None]
@@ -265,7 +275,7 @@ def megatron_to_hf(tp_shards: Sequence[dict[str, torch.Tensor]], hf_config, pp_r
         if entry.expert is None:
             return _merge(entry, [s[entry.mcore] for s in tp_shards[:tp]], hf_config)
         rank = entry.expert // per_rank
-        shards = [s[entry.mcore] for s in tp_shards[rank * tp:(rank + 1) * tp]]
+        shards = [s[entry.mcore] for s in tp_shards[rank * etp:(rank + 1) * etp]]
         return {entry.expert: _merge(entry, shards, hf_config)[0]}
 
     return dict(_hf_tensors(entries, merged, hf_config))
@@ -304,19 +314,17 @@ def load_hf_weights(model: torch.nn.Module, hf_state_dict: dict[str, torch.Tenso
     model.hf_vocab_size = hf_config.vocab_size
 
 
-def _expert_ranks(hf_config) -> dict[str, int]:
-    """This rank's EP rank and size (megatron's parallel state; 0 / 1 for a dense model).
-    Expert TP must equal TP: the experts' shards are gathered over the TP group."""
+def _expert_ranks(hf_config) -> dict[str, int | None]:
+    """This rank's EP and expert-TP ranks and sizes (megatron's parallel state; EP 0 / 1 and
+    expert TP None, i.e. the TP ones, for a dense model or without a parallel state)."""
     from megatron.core import parallel_state as ps
 
     if not is_moe(hf_config) or not ps.model_parallel_is_initialized():
-        return {"ep_rank": 0, "ep_size": 1}
-    if ps.get_expert_tensor_parallel_world_size() != ps.get_tensor_model_parallel_world_size():
-        raise NotImplementedError("the bridge splits experts over TP like the dense layers: "
-                                  "expert_tensor_parallel_size must equal "
-                                  "tensor_model_parallel_size")
+        return {"ep_rank": 0, "ep_size": 1, "expert_tp_rank": None, "expert_tp_size": None}
     return {"ep_rank": ps.get_expert_model_parallel_rank(),
-            "ep_size": ps.get_expert_model_parallel_world_size()}
+            "ep_size": ps.get_expert_model_parallel_world_size(),
+            "expert_tp_rank": ps.get_expert_tensor_parallel_rank(),
+            "expert_tp_size": ps.get_expert_tensor_parallel_world_size()}
 
 
 def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 << 20,
@@ -327,7 +335,9 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
 
     TP shards are all-gathered over ``tp_group`` (default: megatron's TP group) one megatron
     parameter at a time, so at most one bucket of full tensors exists besides the sharded
-    model; with expert parallelism each expert slice is also all-gathered over the EP group.
+    model; experts' shards over the expert-TP group instead (``tp_group`` where expert TP is
+    TP), and with expert parallelism each expert slice is also all-gathered over the EP
+    group.
     Collective: every rank of the TP (and EP) group must iterate in step. Tensors of the
     current bucket are fresh copies; consume (or copy) them before asking for the next one.
     """
@@ -342,15 +352,20 @@ def iter_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int = 512 <
     local = {k: v for k, v in unwrap_model(model).state_dict().items()
              if isinstance(v, torch.Tensor)}
 
-    ep = _expert_ranks(hf_config)
+    ranks = _expert_ranks(hf_config)
+    ep = {"ep_rank": ranks["ep_rank"], "ep_size": ranks["ep_size"]}
     ep_group = ps.get_expert_model_parallel_group() if ep["ep_size"] > 1 else None
     start = local_experts(hf_config, **ep).start if is_moe(hf_config) else 0
+    expert_tp = (tp_group, tp_size)
+    if ranks["expert_tp_size"] not in (None, tp_size):
+        expert_tp = (ps.get_expert_tensor_parallel_group(), ranks["expert_tp_size"])
 
     def gathered(entry: Entry):
         shard = local[entry.mcore].detach()
-        if tp_size > 1 and entry.kind != "replicated":
-            shards = [torch.empty_like(shard) for _ in range(tp_size)]
-            dist.all_gather(shards, shard.contiguous(), group=tp_group)
+        group, size = (tp_group, tp_size) if entry.expert is None else expert_tp
+        if size > 1 and entry.kind != "replicated":
+            shards = [torch.empty_like(shard) for _ in range(size)]
+            dist.all_gather(shards, shard.contiguous(), group=group)
         else:
             shards = [shard.clone() if entry.kind == "replicated" else shard]
         merged = _merge(entry, shards, hf_config)

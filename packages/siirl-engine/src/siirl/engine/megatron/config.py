@@ -7,7 +7,7 @@ the section does not apply. Nothing heavy is imported here (megatron-core is not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
@@ -90,6 +90,11 @@ def _expert_tp_differs(config: Any, key: str) -> bool:
         config, f"{key.rsplit('.', 1)[0]}.tensor_model_parallel_size")
 
 
+def _expert_tp_with_pipeline(config: Any, key: str) -> bool:
+    return _expert_tp_differs(config, key) and \
+        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
+
+
 # megatron-core 0.16 (initialize_model_parallel) splits experts over pipeline stages only
 # with its pp-last rank order; siiRL's (tp-cp-ep-pp-dp) keeps a pipeline's workers together
 EXPERTS_WITH_PIPELINE = (
@@ -112,10 +117,16 @@ def _expert_rules(prefix: str, role: str) -> List[Rule]:
     if role != "actor":
         return []
     return [
-        refused(f"{prefix}.expert_tensor_parallel_size", "expert TP follows TP",
-                "the megatron bridge splits every expert over the tensor-parallel ranks like "
-                "a dense MLP: leave expert_tensor_parallel_size null (it then equals "
-                "tensor_model_parallel_size).", _expert_tp_differs),
+        # megatron-core 0.16 asserts (without its pp-last rank order) that the experts'
+        # data-parallel size equals the dense one, which an expert TP other than TP changes
+        refused(f"{prefix}.expert_tensor_parallel_size", "not with pipeline stages",
+                "an expert_tensor_parallel_size other than tensor_model_parallel_size gives "
+                "the experts a data-parallel size other than the dense layers', which "
+                "megatron-core 0.16 allows with pipeline stages only in its pipeline-last "
+                "rank order, while siiRL orders ranks tp-cp-ep-pp-dp (a pipeline's workers "
+                f"consecutive): set {ACTOR}.megatron.pipeline_model_parallel_size=1 or leave "
+                "expert_tensor_parallel_size null (it then equals tensor_model_parallel_size).",
+                _expert_tp_with_pipeline),
         refused(f"{prefix}.expert_model_parallel_size", "not with pipeline stages",
                 EXPERTS_WITH_PIPELINE, _experts_with_pipeline),
     ]
@@ -134,31 +145,19 @@ def _own_role_on_megatron(config: Any, key: str) -> bool:
     return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
 
 
-def _lora_refused(role: str) -> Callable[[Any, str], bool]:
-    """LoRA where the megatron LoRA cannot run: a megatron reference of a non-megatron
-    actor (it is the actor's stage with adapters off), a megatron actor with pipeline
-    stages (siirl.engine.megatron.lora also refuses experts and Transformer Engine's fused
-    layers when the model is built)."""
-
-    def when(config: Any, key: str) -> bool:
-        if not int(get(config, key) or 0) > 0:
-            return False
-        if role != "actor":
-            return str(get(config, f"{ACTOR}.strategy")) != "megatron"
-        return int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
-    return when
+def _lora_without_megatron_actor(config: Any, key: str) -> bool:
+    """LoRA with a megatron reference of a non-megatron actor (the reference is the actor's
+    stage with adapters off). A megatron LoRA actor runs at any TP / SP / PP layout;
+    siirl.engine.megatron.lora refuses experts and Transformer Engine's fused layers when
+    the model is built."""
+    return int(get(config, key) or 0) > 0 and str(get(config, f"{ACTOR}.strategy")) != "megatron"
 
 
-def _lora_rule(role: str) -> Rule:
-    if role != "actor":
-        return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
-                       "with LoRA the reference is the actor's own model with its adapters "
-                       f"off: set {REF}.strategy to the actor's strategy.", _lora_refused(role))
-    return refused(_LORA_RANK, "megatron LoRA: not with pipeline stages",
-                   "the megatron LoRA adapters' checkpoint and weight export are gathered on "
-                   f"one pipeline stage: set {ACTOR}.megatron.pipeline_model_parallel_size=1 "
-                   "(tensor and sequence parallelism work), or use strategy=fsdp for LoRA.",
-                   _lora_refused(role))
+def _lora_reference_rule() -> Rule:
+    return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
+                   "with LoRA the reference is the actor's own model with its adapters "
+                   f"off: set {REF}.strategy to the actor's strategy.",
+                   _lora_without_megatron_actor)
 
 
 def _role_keys(mount: Mount) -> List[Rule]:
@@ -171,9 +170,7 @@ def _role_keys(mount: Mount) -> List[Rule]:
                     "sequences actor_rollout_ref.actor.megatron.tensor_model_parallel_size "
                     "with sequence_parallel=true splits."),
         ]
-    rules = [
-        _lora_rule(mount.role),
-    ]
+    rules = [] if mount.role == "actor" else [_lora_reference_rule()]
     if mount.role == "actor":
         rules.append(refused(
             f"{ACTOR}.router_replay.mode", "R2: one pipeline stage, padded rows",
@@ -290,7 +287,16 @@ def megatron_constraints(config: Any) -> List[str]:
         problems.append(f"{sizes} = {group} (the workers of one megatron model) must divide "
                         f"{workers_text(count)}")
     experts = size(config, f"{ACTOR}.megatron.expert_model_parallel_size")
-    if count and group and experts and not count % group and (count // group) % experts:
+    expert_tp = size(config, f"{ACTOR}.megatron.expert_tensor_parallel_size")
+    if expert_tp and expert_tp != size(config, f"{ACTOR}.megatron.tensor_model_parallel_size"):
+        stages = size(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1
+        if count and experts and count % (expert_tp * experts * stages):
+            problems.append(
+                f"{ACTOR}.megatron.expert_tensor_parallel_size={expert_tp} x "
+                f"expert_model_parallel_size={experts} x pipeline_model_parallel_size="
+                f"{stages} must divide {workers_text(count)}: the experts' own layout is "
+                "expert TP x EP x expert data parallel x PP")
+    elif count and group and experts and not count % group and (count // group) % experts:
         problems.append(f"{ACTOR}.megatron.expert_model_parallel_size={experts} must divide "
                         f"the data-parallel size {count // group} ({workers_text(count)} / "
                         f"{group} workers per megatron model): the experts are split over "

@@ -66,15 +66,20 @@ def _parallel_groups() -> Tuple[int, int, Any, Any]:
 
 
 def expert_groups() -> Tuple[Any, Any]:
-    """(expert-data-parallel group, expert-model-parallel group), each None where it has
-    one rank; both None without expert parallelism."""
+    """(expert-data-parallel group, expert tensor-and-model-parallel group: ETP x EP), each
+    None where it has one rank; both None where the experts share the dense layers' layout
+    (EP 1, expert TP = TP). Otherwise their weights are marked ``allreduce=False`` (megatron
+    at EP > 1, ``moe.mark_expert_parameters`` at EP 1)."""
     from megatron.core import parallel_state as ps
 
-    if ps.get_expert_model_parallel_world_size() <= 1:
+    if ps.get_expert_model_parallel_world_size() <= 1 and \
+            ps.get_expert_tensor_parallel_world_size() == \
+            ps.get_tensor_model_parallel_world_size():
         return None, None
     return (ps.get_expert_data_parallel_group()
             if ps.get_expert_data_parallel_world_size() > 1 else None,
-            ps.get_expert_model_parallel_group())
+            ps.get_expert_tensor_and_model_parallel_group()
+            if ps.get_expert_tensor_and_model_parallel_world_size() > 1 else None)
 
 
 def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
@@ -88,18 +93,20 @@ def grad_averager(module: torch.nn.Module, group: Any, world_size: int,
     already brought every expert-parallel rank's tokens into each expert's gradient."""
     from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
-    if world_size <= 1 and tp_group is None:
+    if world_size <= 1 and tp_group is None and expert_dp_group is None:
         return None
 
     def average() -> None:
         sum_sequence_parallel_grads(module, tp_group)
-        if world_size <= 1:
+        # TP 2 x expert TP 1 at EP 1: one data-parallel rank, two expert data-parallel ones
+        if world_size <= 1 and expert_dp_group is None:
             return
         for param in module.parameters():
             if param.grad is None:
                 continue
             if getattr(param, "allreduce", True):
-                torch.distributed.all_reduce(param.grad, group=group)
+                if world_size > 1:
+                    torch.distributed.all_reduce(param.grad, group=group)
             elif expert_dp_group is not None:
                 torch.distributed.all_reduce(param.grad, group=expert_dp_group)
             param.grad.div_(world_size)

@@ -28,6 +28,7 @@ from siirl.engine.megatron.moe import (
     check_moe,
     expert_layers,
     is_moe,
+    mark_expert_parameters,
     moe_config_kwargs,
     route_without_transformer_engine,
 )
@@ -266,6 +267,8 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
         if is_moe(hf_config):
             config_kwargs.setdefault("expert_model_parallel_size",
                                      parallel_state.get_expert_model_parallel_world_size())
+            config_kwargs.setdefault("expert_tensor_parallel_size",
+                                     parallel_state.get_expert_tensor_parallel_world_size())
         vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
         if vpp is not None and vpp > 1:
             config_kwargs.setdefault("virtual_pipeline_model_parallel_size", vpp)
@@ -290,6 +293,7 @@ def build_gpt_model(hf_config, pre_process: bool = True, post_process: bool = Tr
         rotary_base=int(_rope_theta(hf_config)),
         vp_stage=vp_stage,
     )
+    mark_expert_parameters(model, config)
     inv_freq = hf_inv_freq(hf_config).to(model.rotary_pos_emb.inv_freq.device)
     model.rotary_pos_emb.inv_freq = inv_freq
     # read back by the bridge (vocab padding) and forward_logits (dropping padded logits)

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["MOE_MODEL_TYPES", "check_moe", "expert_layers", "is_moe", "moe_config_kwargs",
-           "num_experts", "route_without_transformer_engine", "shared_expert_size"]
+           "mark_expert_parameters", "num_experts", "route_without_transformer_engine",
+           "shared_expert_size"]
 
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 
@@ -125,6 +126,20 @@ def moe_config_kwargs(hf_config: Any) -> dict[str, Any]:
         moe_layer_freq=1 if all(expert_layers(hf_config)) else
         [int(x) for x in expert_layers(hf_config)],
     )
+
+
+def mark_expert_parameters(model: Any, config: Any) -> None:
+    """megatron-core 0.16 marks expert weights ``allreduce=False`` (its DDP then sums their
+    gradients over the expert data-parallel group, its optimizer counts their norm over the
+    expert groups) only at EP > 1. With an expert TP other than TP their data-parallel group
+    differs from the dense layers' at EP 1 too (TP 2 x expert TP 1: both TP ranks hold every
+    whole expert and feed it their own sequence-parallel tokens): mark them there as well."""
+    if not config.num_moe_experts or config.expert_model_parallel_size > 1 or \
+            config.expert_tensor_parallel_size == config.tensor_model_parallel_size:
+        return
+    for name, param in model.named_parameters():
+        if ".mlp.experts." in f".{name}":  # not the shared expert (a dense MLP)
+            param.allreduce = False
 
 
 def route_without_transformer_engine() -> None:

@@ -34,7 +34,10 @@ def parallel_sizes(mcfg: MegatronArguments) -> Dict[str, int]:
             "context_parallel_size": int(mcfg.context_parallel_size or 1),
             "virtual_pipeline_model_parallel_size":
                 int(mcfg.virtual_pipeline_model_parallel_size or 1),
-            "expert_model_parallel_size": int(mcfg.expert_model_parallel_size or 1)}
+            "expert_model_parallel_size": int(mcfg.expert_model_parallel_size or 1),
+            # null: the experts split like the dense layers (megatron's default)
+            "expert_tensor_parallel_size": int(mcfg.expert_tensor_parallel_size
+                                               or mcfg.tensor_model_parallel_size or 1)}
 
 
 def sequence_parallel(cfg: SiiRLArguments) -> bool:
@@ -68,20 +71,23 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
     if ep > 1 and pp > 1:  # the validation pass refuses it first
         raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} with "
                           f"pipeline_model_parallel_size={pp}: {EXPERTS_WITH_PIPELINE}")
-    if (dist.get_world_size() // (tp * pp)) % ep:  # experts split over data-parallel ranks
-        raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} must divide the "
-                          f"data-parallel size ({dist.get_world_size()} workers / TP {tp} / "
-                          f"PP {pp})")
+    etp = sizes["expert_tensor_parallel_size"]
+    # the experts' own layout: ETP x EP x expert-DP x PP = workers
+    if dist.get_world_size() % (etp * ep * pp):
+        raise ConfigError(f"{MEGATRON_KEY}.expert_tensor_parallel_size={etp} x "
+                          f"expert_model_parallel_size={ep} x pipeline_model_parallel_size={pp}"
+                          f" must divide the number of workers ({dist.get_world_size()})")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-            expert_model_parallel_size=ep, order=RANK_ORDER)
+            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=RANK_ORDER)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     elif (parallel_state.get_tensor_model_parallel_world_size(),
           parallel_state.get_pipeline_model_parallel_world_size(),
-          parallel_state.get_expert_model_parallel_world_size()) != (tp, pp, ep):
-        raise ConfigError(f"{MEGATRON_KEY}: TP {tp} x PP {pp} x EP {ep} differs from the sizes "
-                          "the actor's megatron state was built with")
+          parallel_state.get_expert_model_parallel_world_size(),
+          parallel_state.get_expert_tensor_parallel_world_size()) != (tp, pp, ep, etp):
+        raise ConfigError(f"{MEGATRON_KEY}: TP {tp} x PP {pp} x EP {ep} x expert TP {etp} "
+                          "differs from the sizes the actor's megatron state was built with")
 
 
 def build_megatron_model(hf_model: torch.nn.Module, device: torch.device,
