@@ -21,7 +21,7 @@ from siirl.engine.common.dynamic_batch import Micro, micro_batches
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
 from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
-from siirl.engine.megatron.lora_state import iter_merged_hf_weights
+from siirl.engine.megatron.lora import iter_merged_hf_weights
 from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.offload import Offloader
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
@@ -211,8 +211,7 @@ class MegatronBackend:
                                            bucket_bytes,
                                            tp_group=self.tp_group, stages=self.stages) \
             if self.lora is None else iter_merged_hf_weights(
-                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group,
-                self.stages)
+                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group)
         dtype = self.export_dtype
         for bucket in buckets:
             yield bucket if dtype is None else [(name, tensor.to(dtype))
