@@ -132,6 +132,27 @@ def test_expert_and_qk_norm_layouts():
                            state[f"{hf}self_attn.{n}_norm.weight"])
 
 
+@pytest.mark.parametrize("family", ("qwen3_moe", "qwen2_moe_mixed"))
+@pytest.mark.parametrize("tp,expert_tp,ep", [(2, 1, 2), (2, 1, 1), (1, 2, 1), (2, 2, 1)])
+def test_round_trip_with_expert_tp_other_than_tp_is_bit_exact(family, tp, expert_tp, ep):
+    """Rank ``r`` of ``tp x ep`` ranks (siiRL's order: TP fastest) holds dense TP shard
+    ``r % tp`` and the experts of EP rank ``r // expert_tp % ep`` split over expert TP
+    (shard ``r % expert_tp``; megatron's expert layout: expert TP fastest, then EP)."""
+    model = tiny_model(family)
+    config, state = model.config, model.state_dict()
+    world = max(tp, expert_tp * ep)
+    shards = [hf_to_megatron(state, config, r % tp, tp, ep_rank=r // expert_tp % ep,
+                             ep_size=ep, expert_tp_rank=r % expert_tp,
+                             expert_tp_size=expert_tp) for r in range(world)]
+    expert = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"
+    assert shards[0][expert].shape[1] == config.moe_intermediate_size // expert_tp
+    back = megatron_to_hf(shards, config, ep_size=ep, tp_size=tp, expert_tp_size=expert_tp)
+    want = expected_hf(model)
+    assert sorted(back) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(back[name], tensor), name
+
+
 def test_expert_layers_follow_hf():
     from siirl.engine.megatron.model import transformer_config_from_hf
     from siirl.engine.megatron.moe import expert_layers
@@ -332,6 +353,32 @@ def _ep2_checks(family: str, rank: int) -> float:
     return worst
 
 
+def _whole_experts_checks(family: str) -> None:
+    """TP 2 (sequence parallel) x expert TP 1 x EP 2: the dense layers split over both
+    ranks, each rank 2 whole experts. Log-probs equal HF's; the HF export (dense tensors
+    gathered over TP, experts over EP only) is bit-exact."""
+    from siirl.engine.megatron.model import build_gpt_model, forward_logits
+
+    hf = tiny_model(family)
+    megatron = build_gpt_model(hf.config, sequence_parallel=True)
+    load_hf_weights(megatron, hf.state_dict(), hf.config)
+    expert = dict(megatron.named_parameters())[
+        "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"]
+    assert expert.shape[0] == 2 * _expert_ffn(hf.config), "expert TP 1: whole experts"
+    input_ids, attention_mask, position_ids = left_padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        logits = forward_logits(megatron, input_ids, position_ids, attention_mask)
+        ref = hf(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids).logits
+        assert_logprobs_close(logits, ref, attention_mask, hf.config, f"ETP=1 {family}")
+        check_buckets(iter_hf_weights(megatron, hf.config, bucket_bytes=BOUND),
+                      expected_hf(hf), BOUND)
+
+
+def _expert_ffn(hf_config) -> int:
+    return int(getattr(hf_config, "moe_intermediate_size", 0) or hf_config.intermediate_size)
+
+
 def ep_rank_main(rank: int, world_size: int, port: int) -> None:
 
     from megatron.core import parallel_state, tensor_parallel
@@ -345,10 +392,17 @@ def ep_rank_main(rank: int, world_size: int, port: int) -> None:
     for family in FAMILIES[1:]:
         _ep2_checks(family, rank)
     parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(2, 1, expert_model_parallel_size=2,
+                                             expert_tensor_parallel_size=1,
+                                             order="tp-cp-ep-pp-dp")
+    for family in ("qwen3_moe", "mixtral", "qwen2_moe"):
+        _whole_experts_checks(family)
+    parallel_state.destroy_model_parallel()
     finish_rank()  # a failing rank raises instead
 
 
 def test_expert_parallel_ep2_over_gloo_matches_hf():
+    """EP 2 (expert TP = TP = 1), then TP 2 x expert TP 1 x EP 2."""
     context = mp.start_processes(ep_rank_main, args=(2, free_port()), nprocs=2, join=False,
                                  start_method="spawn")
     join_spawned(context, "the 2-rank megatron expert-parallel run")
