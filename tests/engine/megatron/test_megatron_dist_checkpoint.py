@@ -8,7 +8,8 @@ builds from the HF weights at that layout (so the log-probs are the HF build's),
 one process runs the whole model (TP=1, TP=2) the log-probs are compared too: equal to the
 HF build's within 1e-6 and to transformers' within float32 rounding. Llama's vocabulary
 (101) is padded to 102 at TP=2: megatron fills the rows it lacks with zeros. Bad paths, and
-a checkpoint of another architecture, give an error naming the key and the path.
+a checkpoint of another architecture, give an error naming the key and the path. A
+Qwen3-MoE checkpoint moves between expert layouts (expert TP 1 or TP, EP 1 or 2) likewise.
 """
 
 from __future__ import annotations
@@ -195,3 +196,55 @@ def test_ppo_with_every_role_from_the_tool_checkpoint_trains_like_from_hf(tmp_pa
     train(tmp_path / "ckpt", *run, *starts)
     assert_close_steps(steps(tmp_path / "ckpt"), steps(tmp_path / "hf"),
                        PPO_KEYS + ("actor/kl_loss",))
+
+
+
+def _moe_at(tp: int, expert_tp: int, ep: int, hf, path: str | None,
+            save_to: str | None = None) -> None:
+    """Load the MoE checkpoint ``path`` at TP x expert TP x EP (sequence parallel under TP,
+    which megatron's MoE layer needs) and compare with the HF build there; save the loaded
+    model (``path`` None: the HF build) to ``save_to``."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from siirl.engine.megatron.cpu_compat import enable_cpu_mode
+    from siirl.engine.megatron.dist_checkpoint import save_model
+    from siirl.engine.megatron.setup import RANK_ORDER, build_megatron_model
+
+    enable_cpu_mode()
+    parallel_state.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=expert_tp,
+                                             order=RANK_ORDER)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    loaded = built = build_megatron_model(hf, torch.device("cpu"), tp > 1).eval()
+    if path is not None:
+        loaded = build_megatron_model(hf, torch.device("cpu"), tp > 1,
+                                      dist_checkpoint=(KEY, path)).eval()
+        layout = f"{os.path.basename(path)} loaded at TP={tp} expert TP={expert_tp} EP={ep}"
+        _assert_same_weights(loaded, built, layout)
+        _assert_same_logprobs(loaded, built, hf, layout)
+    if save_to is not None:
+        save_model(loaded, save_to)
+    parallel_state.destroy_model_parallel()
+
+
+def moe_rank_main(rank: int, world_size: int, port: int, root: str) -> None:
+    from test_megatron_bridge_qwen3_moe import tiny_model
+
+    start_gloo_rank(rank, world_size, port, 120)
+    hf = tiny_model("qwen3_moe")
+    one, whole = os.path.join(root, "moe_tp1"), os.path.join(root, "moe_tp2_etp1_ep2")
+    _moe_at(1, 1, 1, hf, None, save_to=one)
+    _moe_at(2, 1, 2, hf, one, save_to=whole)  # whole experts, two per rank
+    _moe_at(1, 1, 1, hf, whole)
+    _moe_at(2, 2, 1, hf, whole)  # every expert split over TP
+    _moe_at(2, 1, 1, hf, whole)  # whole experts on both TP ranks
+    finish_rank()
+
+
+def test_moe_dist_checkpoint_loads_at_another_expert_layout(tmp_path):
+    """A Qwen3-MoE checkpoint written at TP 1 loads at TP 2 x expert TP 1 x EP 2 and what
+    that writes loads at TP 1, at TP 2 with experts split over TP and at TP 2 with whole
+    experts on both ranks: weights bit-equal to the HF build there."""
+    context = mp.start_processes(moe_rank_main, args=(2, free_port(), str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    join_spawned(context, "the 2-rank megatron MoE dist-checkpoint run")
