@@ -62,12 +62,13 @@ CONTEXTS = {
         "trainer.device=cpu", "trainer.n_gpus_per_node=4",
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
         "actor_rollout_ref.model.lora_rank=8"],
-    # router replay R2: refused off megatron, and on megatron with packed rows
+    # router replay R2: refused off megatron, and on megatron with pipeline stages
     "router replay R2": ["actor_rollout_ref.actor.router_replay.mode=R2"],
-    "megatron router replay, packing": [
+    "megatron router replay, pipeline": [
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
-        "actor_rollout_ref.actor.router_replay.mode=R2",
-        "actor_rollout_ref.model.use_remove_padding=true"],
+        "actor_rollout_ref.actor.router_replay.mode=R2", "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],

@@ -2,6 +2,7 @@
 the old-log-prob pass records each token's experts per MoE layer into the batch, and a
 forward that replays them routes through exactly those experts (replaying the routing a
 forward would choose itself changes nothing; replaying another one changes the log-probs).
+Packed rows (``use_remove_padding``) record and replay the same routing as padded ones.
 """
 
 import json
@@ -101,6 +102,24 @@ def test_the_update_routes_through_the_batchs_experts(actor):
     _update_follows_the_batchs_experts(actor)
 
 
+PACKING = "actor_rollout_ref.model.use_remove_padding=true"
+
+
+def test_packed_rows_record_the_padded_rows_routing_and_replay_it():
+    """One packed row per micro-batch: its routing goes back to each token's place in the
+    padded rows (where the padded actor puts the same experts), and the update routes the
+    packed row through the batch's experts."""
+    padded, packed = _actor(), _actor(PACKING)  # untrained, as the module's actor is not
+    want = padded.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
+    got = packed.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
+    attended = _batch()["attention_mask"].bool()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got[attended], want[attended])
+    # row 0's two left-padding tokens: experts nothing reads, still two distinct ones
+    assert torch.equal(got[0, :2], torch.tensor([0, 1], dtype=got.dtype).expand(2, 3, 2))
+    _update_follows_the_batchs_experts(packed)
+
+
 def _update_follows_the_batchs_experts(actor):
     # the update's forwards (one optimizer step: before it, the old-log-prob weights) route
     # through the recorded experts: the old log-probs come back (fp32 rounding of other
@@ -115,14 +134,14 @@ def _update_follows_the_batchs_experts(actor):
     assert abs(actor.update_policy(batch).metrics["actor/ppo_kl"]) > 1e-3
 
 
-def _tp2_rank(rank: int, world_size: int, port: int) -> None:
+def _tp2_rank(rank: int, world_size: int, port: int, packing: bool) -> None:
 
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     start_gloo_rank(rank, world_size, port)
     actor = _actor(f"{ACTOR}.megatron.tensor_model_parallel_size=2",
-                   f"{ACTOR}.megatron.sequence_parallel=true")
+                   f"{ACTOR}.megatron.sequence_parallel=true", *([PACKING] if packing else []))
     routed = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
     # each rank's routers saw half of every sequence; both keep the whole sequence's routing
     assert routed.shape == (4, 12, 3, 2)
@@ -135,19 +154,23 @@ def _tp2_rank(rank: int, world_size: int, port: int) -> None:
     finish_rank()
 
 
-def test_r2_at_tp_2_with_sequence_parallelism_over_gloo():
-    context = mp.start_processes(_tp2_rank, args=(2, free_port()), nprocs=2, join=False,
-                                 start_method="spawn")
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_r2_at_tp_2_with_sequence_parallelism_over_gloo(packing):
+    """Each rank's routers see half of every sequence (packed: half of the packed row,
+    filled to a multiple of 2)."""
+    context = mp.start_processes(_tp2_rank, args=(2, free_port(), packing), nprocs=2,
+                                 join=False, start_method="spawn")
     join_spawned(context, "the 2-rank router replay run")
 
 
 def test_r2_trains_grpo_on_the_megatron_actor(tmp_path):
     """Two epochs per step keep the old-log-prob pass (the planner cannot take it from the
-    update), so the routing travels in the batch from that node to the update's."""
+    update), so the routing travels in the batch from that node to the update's; rows run
+    packed."""
     proc = subprocess.run(
         [sys.executable, "-m", "siirl.main_dag", f"trainer.default_local_dir={tmp_path}",
          f"{ACTOR}.strategy=megatron", "actor_rollout_ref.model.path=builtin:tiny-moe",
-         f"{ACTOR}.router_replay.mode=R2", f"{ACTOR}.ppo_epochs=2",
+         f"{ACTOR}.router_replay.mode=R2", f"{ACTOR}.ppo_epochs=2", PACKING,
          "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
          f"{ACTOR}.ppo_mini_batch_size=8", "trainer.total_training_steps=2",
          "trainer.logger=[]", "trainer.val_before_train=false", "trainer.test_freq=-1"],
@@ -163,8 +186,9 @@ def test_r2_is_refused_where_it_cannot_replay():
     from siirl.errors import ConfigError
     from siirl.params.parser import parse_config
 
-    for extra, reason in ((["actor_rollout_ref.model.use_remove_padding=true",
-                            f"{ACTOR}.strategy=megatron"], "use_remove_padding=false"),
+    for extra, reason in (([f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                            "trainer.n_gpus_per_node=2", "trainer.device=cpu",
+                            f"{ACTOR}.strategy=megatron"], "pipeline_model_parallel_size=1"),
                           ([], "strategy=megatron"),
                           ([f"{ACTOR}.strategy=megatron", f"{ACTOR}.router_replay.mode=R3"],
                            "rollout that reports")):

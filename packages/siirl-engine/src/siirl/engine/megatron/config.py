@@ -132,10 +132,9 @@ def _expert_rules(prefix: str, role: str) -> List[Rule]:
 
 def _replay_not_here(config: Any, key: str) -> bool:
     """Router replay R2 where this release cannot replay: pipeline stages (routers on other
-    ranks) or packed rows."""
-    return get(config, key) == "R2" and (
+    ranks)."""
+    return get(config, key) == "R2" and \
         int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
-        or bool(get(config, "actor_rollout_ref.model.use_remove_padding")))
 
 
 def _own_role_on_megatron(config: Any, key: str) -> bool:
@@ -185,12 +184,13 @@ def _role_keys(mount: Mount) -> List[Rule]:
     ]
     if mount.role == "actor":
         rules.append(refused(
-            f"{ACTOR}.router_replay.mode", "R2: one pipeline stage, padded rows",
-            "router replay R2 keeps each token's experts per row of the padded batch and "
-            "replays them on the routers of the worker that recorded them: set "
-            f"{ACTOR}.megatron.pipeline_model_parallel_size=1 (tensor_model_parallel_size "
-            "and expert_model_parallel_size split the model instead) and "
-            "actor_rollout_ref.model.use_remove_padding=false, or leave the mode disabled.",
+            f"{ACTOR}.router_replay.mode", "R2: one pipeline stage",
+            "router replay R2 keeps each token's experts per row of the batch and replays "
+            "them on the routers of the worker that recorded them, which hold every MoE "
+            f"layer only without pipeline stages: set {ACTOR}.megatron."
+            "pipeline_model_parallel_size=1 (tensor_model_parallel_size and "
+            "expert_model_parallel_size split the model instead), or leave the mode "
+            "disabled.",
             _replay_not_here))
     # one rule for both roles' keys where both run on megatron (one line for both)
     ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \

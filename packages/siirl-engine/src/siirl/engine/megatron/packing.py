@@ -23,6 +23,7 @@ from siirl.engine.models.packing import pack, unpack
 
 SEGMENTS = "segment_ids"  # [1, T]: the row (from 1) each packed token belongs to, 0 = filler
 PACKED = "packed"  # the micro-batch's Packed (where its scored outputs go)
+ROW_MASK = "row_mask"  # [B, S]: the padded rows' attention mask (packed token i = its i-th 1)
 
 
 def pack_schedule_dict(micro: Dict[str, torch.Tensor], response_length: int,
@@ -42,7 +43,7 @@ def pack_schedule_dict(micro: Dict[str, torch.Tensor], response_length: int,
         ids, positions, segments = (torch.nn.functional.pad(t, (0, extra))
                                     for t in (ids, positions, segments))
     return {INPUT_IDS: ids, POSITION_IDS: positions, ATTENTION_MASK: segments.ne(0).long(),
-            SEGMENTS: segments, PACKED: packed}
+            SEGMENTS: segments, PACKED: packed, ROW_MASK: mask}
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:

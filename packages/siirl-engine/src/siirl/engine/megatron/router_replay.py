@@ -16,8 +16,11 @@ the schedule's left padding); with sequence parallelism (tensor parallelism on a
 model) TP rank r sees the r-th contiguous slice of the sequence, so the slices are gathered
 over the TP group to record and each rank replays its own. The batch keeps the routing per
 row, ``[B, S, layers, top-k]``, as uint8 (int16 above 256 experts), the same on every TP
-rank, so rows can be regrouped into other micro-batches for the update. Pipeline stages
-(whose routers sit on other ranks) and packed rows are refused by the key rules.
+rank, so rows can be regrouped into other micro-batches for the update. A packed
+micro-batch (``use_remove_padding``: one row of its rows' attended tokens, filled to a TP
+multiple) is recorded as that row and put back at each token's place in the padded rows;
+its replay gathers the rows' routing at the attended tokens in the same order. Pipeline
+stages (whose routers sit on other ranks) are refused by the key rules.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Iterator, List, Optional
 import torch
 
 from siirl.data_coordinator.fields import ROUTED_EXPERTS
+from siirl.engine.megatron.packing import ROW_MASK
 
 __all__ = ["ROUTED_EXPERTS", "RoutingReplay", "replay_settings", "routing_head"]
 
@@ -67,17 +71,26 @@ class RoutingReplay:
         """Within: the routers record; :meth:`record_micro_batch` reads them after a forward."""
         return self._acting("RECORD")
 
-    def record_micro_batch(self, batch_rows: int, parts: List[torch.Tensor]) -> None:
-        """After a forward of ``batch_rows`` rows: its routing as one ``[B, S, L, k]`` part."""
+    def record_micro_batch(self, batch: dict, parts: List[torch.Tensor]) -> None:
+        """After the forward of schedule dict ``batch``: its rows' routing as one
+        ``[B, S, L, k]`` part (a packed row's put back in its padded rows)."""
+        rows = batch["input_ids"].shape[0]
         recorded = [replay.get_recorded_indices() for replay in self.replays]
         # [S*B, k] sequence-major -> [S, B, k] (the whole sequence) -> [B, S, k]
-        per_layer = [self._whole_sequence(idx.reshape(-1, batch_rows, idx.shape[-1]))
+        per_layer = [self._whole_sequence(idx.reshape(-1, rows, idx.shape[-1]))
                      .transpose(0, 1) for idx in recorded]
-        parts.append(torch.stack(per_layer, dim=2).to(self.dtype).cpu())
+        routing = torch.stack(per_layer, dim=2).to(self.dtype).cpu()
+        if ROW_MASK in batch:
+            routing = unpacked_routing(routing[0], batch[ROW_MASK].cpu())
+        parts.append(routing)
 
-    def replaying(self, routed: torch.Tensor) -> contextlib.AbstractContextManager:
-        """Within: the forward of the micro-batch whose rows' routing is ``routed``
-        ``[B, S, L, k]`` routes through it."""
+    def replaying(self, routed: torch.Tensor, batch: Optional[dict] = None
+                  ) -> contextlib.AbstractContextManager:
+        """Within: the forward of the micro-batch (schedule dict ``batch``; None: padded)
+        whose rows' routing is ``routed`` ``[B, S, L, k]`` routes through it."""
+        batch = batch or {}
+        if ROW_MASK in batch:
+            routed = packed_routing(routed, batch[ROW_MASK].cpu(), batch["input_ids"].shape[1])
         if routed.shape[2] != len(self.replays):
             raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
                              f"{len(self.replays)}")
@@ -106,6 +119,29 @@ class RoutingReplay:
         return routing
 
 
+def _unused_experts(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Routing for tokens nothing reads (padding, filler): experts 0..k-1, distinct as a
+    router's top-k."""
+    return torch.arange(shape[-1], dtype=dtype).expand(shape).clone()
+
+
+def unpacked_routing(packed: torch.Tensor, row_mask: torch.Tensor) -> torch.Tensor:
+    """A packed row's routing ``[T, L, k]`` (attended tokens, then filler) -> ``[B, S, L, k]``
+    at each token's place in the padded rows of ``row_mask``."""
+    out = _unused_experts((*row_mask.shape, *packed.shape[1:]), packed.dtype)
+    attended = row_mask.ne(0)
+    out[attended] = packed[:int(attended.sum())]
+    return out
+
+
+def packed_routing(routed: torch.Tensor, row_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """The padded rows' routing ``[B, S, L, k]`` -> the packed row's ``[1, length, L, k]``
+    (the attended tokens in row-major order, then filler)."""
+    tokens = routed[row_mask.ne(0)]
+    filler = _unused_experts((length - tokens.shape[0], *tokens.shape[1:]), tokens.dtype)
+    return torch.cat([tokens, filler])[None]
+
+
 def routing_head(head_fn: Any, routing: RoutingReplay, parts: Optional[List[torch.Tensor]]
                  ) -> Any:
     """``head_fn`` that records its micro-batch's routing into ``parts`` (a forward-only
@@ -116,11 +152,11 @@ def routing_head(head_fn: Any, routing: RoutingReplay, parts: Optional[List[torc
         if parts is not None:
             with routing.recording():
                 out = head_fn(module, batch)
-                routing.record_micro_batch(batch["input_ids"].shape[0], parts)
+                routing.record_micro_batch(batch, parts)
             return out
         if routed is None:
             return head_fn(module, batch)
-        with routing.replaying(routed):
+        with routing.replaying(routed, batch):
             return head_fn(module, batch)
     return head
 
