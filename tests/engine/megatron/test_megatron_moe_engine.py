@@ -146,3 +146,20 @@ def test_tp_2_by_ep_2_on_four_cpu_workers_trains_like_ep_1(tmp_path, common, meg
                                  ("expert_model_parallel_size", 2))]
     train(tmp_path, *MEGATRON, *layout, *overrides, *common, env=env)
     assert_close_steps(steps(tmp_path), megatron_ep1_run, KEYS)
+
+
+@pytest.mark.slow
+@megatron_full
+def test_tp_2_with_whole_experts_at_ep_2_on_two_cpu_workers_trains_like_ep_1(
+        tmp_path, common, megatron_ep1_run):
+    """Two workers: TP 2 (+ sequence parallelism) over the attention and dense layers, every
+    expert whole (expert TP 1) and the experts split over EP 2, through validation, the
+    planner and the weight sync: steps 1 and 2 equal EP 1's within 1e-5 (the gloo-rank
+    version: tests/engine/megatron/test_megatron_expert_tp.py)."""
+    overrides, env = ray_workers(2)
+    layout = [f"actor_rollout_ref.{role}.megatron.{key}={value}" for role in ("actor", "ref")
+              for key, value in (("tensor_model_parallel_size", 2), ("sequence_parallel", "true"),
+                                 ("expert_tensor_parallel_size", 1),
+                                 ("expert_model_parallel_size", 2))]
+    train(tmp_path, *MEGATRON, *layout, *overrides, *common, env=env)
+    assert_close_steps(steps(tmp_path), megatron_ep1_run, KEYS)
