@@ -3,8 +3,9 @@ gradients by hand (``engines.grad_averager``; so would the actor with virtual pi
 stages, but experts over pipeline stages are refused, see ``megatron.config``) and clips
 them itself (``dp_utils.clip_grad_norm``). Expert parameters must then be reduced as
 megatron's DDP reduces them (summed over the expert data-parallel group, divided by the
-whole data-parallel size) and their squared norms summed over the expert-parallel group, or
-each rank would clip with its own coefficient and the dense weights would drift apart.
+whole data-parallel size) and their squared norms summed over the expert
+tensor-and-model-parallel group (expert TP x EP), or each rank would clip with its own
+coefficient and the dense weights would drift apart.
 
 Two gloo ranks (two data-parallel ranks, each its own rows) train the megatron critic on
 ``builtin:tiny-moe`` (4 experts, top-2) first at EP 1, then at EP 2 (two experts per rank,
@@ -130,7 +131,9 @@ def test_megatron_critic_at_expert_parallel_2_trains_like_ep_1(tmp_path):
 @megatron_full
 def test_megatron_critic_at_tp_2_by_ep_2_trains_like_ep_1(tmp_path):
     """Four ranks: TP 2 (+ sequence parallelism) x 2 data-parallel ranks, each expert split
-    over TP too (expert TP = TP): the expert squares are summed over TP, then over EP."""
+    over TP too (expert TP = TP): the expert squares are summed over the expert
+    tensor-and-model-parallel group (expert TP x EP); expert TP other than TP:
+    test_megatron_expert_tp.py."""
     _check_critic_at_ep_2(tmp_path, tp=2)
 
 
