@@ -7,7 +7,7 @@ the section does not apply. Nothing heavy is imported here (megatron-core is not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 from siirl.params.key_conditions import cpu_run, get
 from siirl.params.key_rule_kinds import Rule, notice, refused
@@ -142,31 +142,19 @@ def _own_role_on_megatron(config: Any, key: str) -> bool:
     return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
 
 
-def _lora_refused(role: str) -> Callable[[Any, str], bool]:
-    """LoRA where the megatron LoRA cannot run: a megatron reference of a non-megatron
-    actor (it is the actor's stage with adapters off), a megatron actor with pipeline
-    stages (siirl.engine.megatron.lora also refuses experts and Transformer Engine's fused
-    layers when the model is built)."""
-
-    def when(config: Any, key: str) -> bool:
-        if not int(get(config, key) or 0) > 0:
-            return False
-        if role != "actor":
-            return str(get(config, f"{ACTOR}.strategy")) != "megatron"
-        return int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
-    return when
+def _lora_without_megatron_actor(config: Any, key: str) -> bool:
+    """LoRA with a megatron reference of a non-megatron actor (the reference is the actor's
+    stage with adapters off). A megatron LoRA actor runs at any TP / SP / PP layout;
+    siirl.engine.megatron.lora refuses experts and Transformer Engine's fused layers when
+    the model is built."""
+    return int(get(config, key) or 0) > 0 and str(get(config, f"{ACTOR}.strategy")) != "megatron"
 
 
-def _lora_rule(role: str) -> Rule:
-    if role != "actor":
-        return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
-                       "with LoRA the reference is the actor's own model with its adapters "
-                       f"off: set {REF}.strategy to the actor's strategy.", _lora_refused(role))
-    return refused(_LORA_RANK, "megatron LoRA: not with pipeline stages",
-                   "the megatron LoRA adapters' checkpoint and weight export are gathered on "
-                   f"one pipeline stage: set {ACTOR}.megatron.pipeline_model_parallel_size=1 "
-                   "(tensor and sequence parallelism work), or use strategy=fsdp for LoRA.",
-                   _lora_refused(role))
+def _lora_reference_rule() -> Rule:
+    return refused(_LORA_RANK, "a megatron reference needs the megatron LoRA actor",
+                   "with LoRA the reference is the actor's own model with its adapters "
+                   f"off: set {REF}.strategy to the actor's strategy.",
+                   _lora_without_megatron_actor)
 
 
 def _role_keys(mount: Mount) -> List[Rule]:
@@ -179,9 +167,7 @@ def _role_keys(mount: Mount) -> List[Rule]:
                     "sequences actor_rollout_ref.actor.megatron.tensor_model_parallel_size "
                     "with sequence_parallel=true splits."),
         ]
-    rules = [
-        _lora_rule(mount.role),
-    ]
+    rules = [] if mount.role == "actor" else [_lora_reference_rule()]
     if mount.role == "actor":
         rules.append(refused(
             f"{ACTOR}.router_replay.mode", "R2: one pipeline stage",
