@@ -154,12 +154,21 @@ def test_tp_2_with_whole_experts_at_ep_2_on_two_cpu_workers_trains_like_ep_1(
         tmp_path, common, megatron_ep1_run):
     """Two workers: TP 2 (+ sequence parallelism) over the attention and dense layers, every
     expert whole (expert TP 1) and the experts split over EP 2, through validation, the
-    planner and the weight sync: steps 1 and 2 equal EP 1's within 1e-5 (the gloo-rank
-    version: tests/engine/megatron/test_megatron_expert_tp.py)."""
+    planner and the weight sync: steps 1 and 2 equal EP 1's within 1e-5, and the step-2
+    checkpoint (weights and megatron's chained dense + expert optimizer at that layout)
+    resumes step 3 exactly (the gloo-rank version: test_megatron_expert_tp.py)."""
     overrides, env = ray_workers(2)
     layout = [f"actor_rollout_ref.{role}.megatron.{key}={value}" for role in ("actor", "ref")
               for key, value in (("tensor_model_parallel_size", 2), ("sequence_parallel", "true"),
                                  ("expert_tensor_parallel_size", 1),
                                  ("expert_model_parallel_size", 2))]
-    train(tmp_path, *MEGATRON, *layout, *overrides, *common, env=env)
-    assert_close_steps(steps(tmp_path), megatron_ep1_run, KEYS)
+    run = [*MEGATRON, *layout, *overrides, *common, "trainer.total_training_steps=3"]
+    whole = tmp_path / "whole"
+    train(whole, *run, "trainer.save_freq=2", env=env)
+    assert_close_steps(steps(whole), megatron_ep1_run, KEYS)
+    resumed = tmp_path / "resumed"
+    train(resumed, *run, "trainer.resume_mode=resume_path",
+          f"trainer.resume_from_path={whole / 'global_step_2'}", env=env)
+    assert sorted(steps(resumed)) == [3]
+    for key in KEYS:
+        assert steps(resumed)[3][key] == steps(whole)[3][key], key
