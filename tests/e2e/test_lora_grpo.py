@@ -112,22 +112,44 @@ def test_megatron_lora_grpo_checkpoints_peft_adapters_and_resumes_exactly(tmp_pa
     assert again == steps[2]  # bitwise: every other metric of step 2
 
 
+MEGATRON_ONE_CHECKPOINT = ["actor_rollout_ref.actor.strategy=megatron", "trainer.save_freq=2"]
+
+
+@pytest.fixture(scope="module")
+def megatron_lora_one_worker(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tp1")
+    siirl_train(run_dir, *MEGATRON_ONE_CHECKPOINT)
+    return training(run_dir)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                     reason='megatron-core is not installed: pip install "siirl-engine[megatron]"')
 @megatron_full
-def test_megatron_lora_tensor_parallel_2_trains_like_one_worker(tmp_path):
-    """TP=2 on two Ray CPU workers (adapters split like the base weights) gives the losses and
-    grad norms of TP=1 within float32 rounding over the steps."""
+@pytest.mark.parametrize("layout", [
+    ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+    ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+     "actor_rollout_ref.actor.megatron.sequence_parallel=true"],
+    ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
+], ids=["tp2", "tp2-sp", "pp2"])
+def test_megatron_lora_on_two_workers_trains_like_one_worker(tmp_path, layout,
+                                                             megatron_lora_one_worker):
+    """TP=2 (adapters split like the base weights), TP=2 with sequence parallelism, PP=2
+    (each stage its layers' adapters) on two Ray CPU workers give the losses and grad norms
+    of one worker within float32 rounding over the steps; the step-2 checkpoint holds every
+    stage's adapters."""
     import tempfile
 
-    megatron = ["actor_rollout_ref.actor.strategy=megatron", "trainer.save_freq=-1"]
-    siirl_train(tmp_path / "tp1", *megatron)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="")
-    siirl_train(tmp_path / "tp2", *megatron,
-                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    siirl_train(tmp_path / "two", *MEGATRON_ONE_CHECKPOINT, *layout,
                 "trainer.n_gpus_per_node=2", "trainer.ray_address=local",
                 f"trainer.ray_temp_dir={tempfile.mkdtemp(prefix='ray', dir='/tmp')}", env=env)
-    one, two = training(tmp_path / "tp1"), training(tmp_path / "tp2")
+    from safetensors import safe_open
+
+    adapters = tmp_path / "two" / "global_step_2" / "actor" / "adapter_model.safetensors"
+    with safe_open(str(adapters), framework="pt") as handle:
+        layers = {name.split(".")[4] for name in handle.keys()}
+    assert layers == {"0", "1", "2"}  # the tiny model's layers, over both stages at PP=2
+    one, two = megatron_lora_one_worker, training(tmp_path / "two")
     assert sorted(one) == sorted(two) == [1, 2]
     for step in (1, 2):
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean"):

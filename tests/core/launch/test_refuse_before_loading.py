@@ -57,11 +57,6 @@ CONTEXTS = {
         *(f"{role}.megatron.override_transformer_config={{num_layers: 2}}"
           for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic",
                        "reward_model"))],
-    "megatron LoRA, pipeline": [
-        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=4",
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-        "actor_rollout_ref.model.lora_rank=8"],
     # router replay R2: refused off megatron, and on megatron with pipeline stages
     "router replay R2": ["actor_rollout_ref.actor.router_replay.mode=R2"],
     "megatron router replay, pipeline": [

@@ -21,7 +21,7 @@ from siirl.engine.common.dynamic_batch import Micro, micro_batches
 from siirl.engine.common.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, copy_into
 from siirl.engine.megatron import checkpointing, lora_checkpoint
 from siirl.engine.megatron.chunks import model_chunks
-from siirl.engine.megatron.lora import iter_merged_hf_weights
+from siirl.engine.megatron.lora_state import iter_merged_hf_weights
 from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.offload import Offloader
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
@@ -50,8 +50,11 @@ class MegatronBackend:
                  hf_module: Optional[torch.nn.Module] = None,
                  export_dtype: Optional[torch.dtype] = None, lora: Any = None,
                  merge_on_export: bool = False, packing: bool = False,
-                 offload: Optional[Offloader] = None):
+                 offload: Optional[Offloader] = None,
+                 forward_context: Optional[Callable[[], Any]] = None):
         self.module, self.optimizer = module, optimizer
+        # what every stage's schedule runs in (a LoRA reference: the adapters off)
+        self.forward_context = forward_context or nullcontext
         # megatron.param_offload / grad_offload / optimizer_offload (megatron.offload): the
         # verbs fetch what they touch, the engines' verbs park it again
         self.offload = offload
@@ -116,7 +119,9 @@ class MegatronBackend:
                     batch[ROUTED_EXPERTS] = part[ROUTED_EXPERTS]
             head_fn = routing_head(head.fn, self.routing, routed)
         if forward_only:
-            outputs = run_pipeline(self.schedule_model, schedule, head_fn, forward_only=True)
+            with self.forward_context():
+                outputs = run_pipeline(self.schedule_model, schedule, head_fn,
+                                       forward_only=True)
             rows = data.batch_size[0]
             if routed is not None:
                 routing = torch.cat(routed)[:rows]
@@ -135,7 +140,8 @@ class MegatronBackend:
             return loss_fn(parts[index], {name: value.float() for name, value in
                                           outputs.items() if value is not None})
 
-        run_pipeline(self.schedule_model, schedule, head_fn, step_loss)
+        with self.forward_context():
+            run_pipeline(self.schedule_model, schedule, head_fn, step_loss)
         if self.router_losses is not None:
             self.router_losses.record(len(schedule))
         return None
@@ -211,7 +217,8 @@ class MegatronBackend:
                                            bucket_bytes,
                                            tp_group=self.tp_group, stages=self.stages) \
             if self.lora is None else iter_merged_hf_weights(
-                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group)
+                self.schedule_model, self.hf_module.config, bucket_bytes, self.tp_group,
+                self.stages)
         dtype = self.export_dtype
         for bucket in buckets:
             yield bucket if dtype is None else [(name, tensor.to(dtype))

@@ -217,9 +217,10 @@ def megatron_reference(config: Any, worker: Any = None,
     init_megatron(cfg, run_seed(cfg))  # one parallel state per process: the actor's sizes
     rank, dp, _, _ = _parallel_groups()
     if lora_setup.shares_actor_base(actor):  # frozen base weights = the initial policy
-        return ReferenceEngine(cfg, MegatronBackend(actor.backend.schedule_model, dp_rank=rank,
-                                                    dp_size=dp, offload=actor.backend.offload),
-                               lora_setup.without_adapters(logprob_heads))
+        return ReferenceEngine(cfg, MegatronBackend(
+            actor.backend.schedule_model, dp_rank=rank, dp_size=dp,
+            offload=actor.backend.offload, forward_context=lora_setup.adapters_off(actor)),
+            logprob_heads)
     hf_model = initial_policy(actor, lambda: load_policy(cfg)[0])
     # its own checkpoint, else the actor's (the reference is the actor's initial policy)
     start = dist_checkpoint(cfg.actor_rollout_ref.ref.megatron, "actor_rollout_ref.ref.megatron") \

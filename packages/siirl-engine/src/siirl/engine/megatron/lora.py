@@ -21,11 +21,12 @@ gradient, marked ``sequence_parallel`` like the norms', is summed over TP with t
 
 The base weights are frozen (only the adapters reach the optimizer). The adapters start as
 peft's (``A`` kaiming-uniform from a generator seeded with ``seed``, ``B`` zero), so at
-init the model is the base model. :func:`merged_state` gives the stage's weights with the
-adapters merged (``W + s * B @ A``, what the rollout gets through the bridge);
-:func:`adapters_disabled` runs the base model (the reference policy); :func:`adapter_state`
-/ :func:`load_adapter_state` read and write the adapters as peft's
-``adapter_model.safetensors`` keys of the HF model.
+init the model is the base model; every rank draws every layer's ``A`` in one order, and
+each pipeline stage (each virtual-pipeline chunk) keeps its own layers' adapters.
+:func:`adapters_disabled` runs the base model (the reference policy);
+``siirl.engine.megatron.lora_state`` gathers the adapters as peft's
+``adapter_model.safetensors`` keys of the HF model and the merged weights
+(``W + s * B @ A``, what the rollout gets through the bridge) from every stage.
 """
 
 from __future__ import annotations
@@ -182,15 +183,11 @@ def has_adapters(model: torch.nn.Module) -> bool:
 
 
 def _check_layout(model: torch.nn.Module, hf_config) -> None:
-    from megatron.core import parallel_state as ps
-
     from siirl.engine.megatron.moe import is_moe
 
     problems = []
     if is_moe(hf_config):
         problems.append("mixture-of-experts layers (adapters on the experts are not built)")
-    if ps.get_pipeline_model_parallel_world_size() > 1:
-        problems.append("pipeline_model_parallel_size > 1 (adapters are gathered on one stage)")
     if any(k.endswith("layer_norm_weight") for k in model.state_dict()):
         problems.append("Transformer Engine's fused norm+linear layers")
     if problems:
@@ -218,182 +215,94 @@ def _slices(hf_config, proj: str) -> Tuple[int, int]:
             "down_proj": (hidden, ffn)}[proj]
 
 
+def _own_layers(model: torch.nn.Module, hf_config) -> Dict[int, Tuple[torch.nn.Module, int]]:
+    """HF layer index -> (the GPT chunk holding it on this rank, its index in the chunk),
+    for this pipeline stage's layers (every virtual-pipeline chunk's)."""
+    from siirl.engine.megatron.bridge import layer_range
+    from siirl.engine.megatron.chunks import model_chunks, stage_of
+    from siirl.engine.megatron.model import unwrap_model
+
+    model = unwrap_model(model)
+    owners = {}
+    for index, chunk in enumerate(model_chunks(model)):
+        stage, stages = stage_of(model, index)
+        for local, layer in enumerate(layer_range(hf_config.num_hidden_layers, stage, stages)):
+            owners[layer] = (unwrap_model(chunk), local)
+    return owners
+
+
 def add_adapters(model: torch.nn.Module, hf_config, settings: LoraSettings,
                  seed: int = 0) -> None:
     """Freeze ``model`` (weights already loaded) and give its targeted linears adapters;
-    every rank draws the full ``A`` of each HF projection in the same order from a
-    generator seeded with ``seed`` and keeps its TP part."""
+    every rank draws the full ``A`` of each HF projection of every layer in the same order
+    from a generator seeded with ``seed`` and keeps its stage's layers and its TP part (so
+    the adapters are the same at any TP and PP size)."""
+    from siirl.engine.megatron.model import unwrap_model
+
+    _check_layout(unwrap_model(model), hf_config)
+    unwrap_model(model).requires_grad_(False)
+    owners = _own_layers(model, hf_config)
+    generator = torch.Generator().manual_seed(int(seed))
+    for layer in range(hf_config.num_hidden_layers):
+        for suffix, (_, projections, _) in FUSED.items():
+            drawn = {}
+            for proj in projections:
+                if proj in settings.targets:
+                    drawn[proj] = torch.empty(settings.rank, _slices(hf_config, proj)[1])
+                    torch.nn.init.kaiming_uniform_(drawn[proj], a=math.sqrt(5),
+                                                   generator=generator)
+            if drawn and layer in owners:
+                gpt, local = owners[layer]
+                linear = gpt.get_submodule(f"decoder.layers.{local}.{suffix}")
+                linear.lora = _adapters_of(linear.weight, hf_config, settings, suffix, drawn,
+                                           bool(gpt.config.sequence_parallel))
+                linear.lora_layer = layer  # the HF layer index the adapter names use
+                linear.lora_suffix = suffix
+                linear.register_forward_hook(_hook)
+
+
+def _adapters_of(weight: torch.Tensor, hf_config, settings: LoraSettings, suffix: str,
+                 full_a: Dict[str, torch.Tensor], sequence_parallel: bool) -> LoraAdapters:
+    """The adapters of the megatron linear ``suffix`` (this TP rank's parts) from the full
+    ``A`` of each adapted projection; ``B`` zero."""
     from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
-    from siirl.engine.megatron.bridge import layer_range
-    from siirl.engine.megatron.model import head_dim, unwrap_model
+    from siirl.engine.megatron.model import head_dim
 
-    gpt = unwrap_model(model)
-    _check_layout(gpt, hf_config)
-    gpt.requires_grad_(False)
     tp_rank, tp = _tp()
-    generator = torch.Generator().manual_seed(int(seed))
-    layers = layer_range(hf_config.num_hidden_layers, 0, 1)
-    for local, layer in enumerate(layers):
-        for suffix, (_, projections, kind) in FUSED.items():
-            chosen = [p for p in projections if p in settings.targets]
-            if not chosen:
-                continue
-            linear = gpt.get_submodule(f"decoder.layers.{local}.{suffix}")
-            weight = linear.weight
-            groups = None
-            if suffix.endswith("linear_qkv"):
-                kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
-                groups = (kv // tp, hf_config.num_attention_heads // kv, head_dim(hf_config))
-            slices = {p: (_slices(hf_config, p)[0] // (tp if kind == "column" else 1),
-                          _slices(hf_config, p)[1]) for p in projections}
-            adapters = LoraAdapters(kind, slices, settings.scaling, groups,
-                                    bool(gpt.config.sequence_parallel))
-            for proj in projections:
-                if proj not in chosen:
-                    continue
-                out, inp = _slices(hf_config, proj)
-                full_a = torch.empty(settings.rank, inp)
-                torch.nn.init.kaiming_uniform_(full_a, a=math.sqrt(5), generator=generator)
-                if kind == "row":
-                    a = full_a.chunk(tp, dim=1)[tp_rank]
-                    b = torch.zeros(out, settings.rank)
-                else:
-                    a, b = full_a, torch.zeros(out // tp, settings.rank)
-                a = torch.nn.Parameter(a.to(weight.device, weight.dtype).contiguous())
-                b = torch.nn.Parameter(b.to(weight.device, weight.dtype))
-                split, dim = (b, 0) if kind == "column" else (a, 1)
-                set_tensor_model_parallel_attributes(split, True, dim, 1)
-                # the replicated one sees this rank's sequence slice: summed over TP
-                (a if kind == "column" else b).sequence_parallel = adapters.sequence_parallel
-                adapters.lora_A[proj], adapters.lora_B[proj] = a, b
-            linear.lora = adapters
-            linear.lora_layer = layer  # the HF layer index the adapter names use
-            linear.lora_suffix = suffix
-            linear.register_forward_hook(_hook)
+    _, projections, kind = FUSED[suffix]
+    groups = None
+    if suffix.endswith("linear_qkv"):
+        kv = hf_config.num_key_value_heads or hf_config.num_attention_heads
+        groups = (kv // tp, hf_config.num_attention_heads // kv, head_dim(hf_config))
+    slices = {p: (_slices(hf_config, p)[0] // (tp if kind == "column" else 1),
+                  _slices(hf_config, p)[1]) for p in projections}
+    adapters = LoraAdapters(kind, slices, settings.scaling, groups, sequence_parallel)
+    for proj, a in full_a.items():
+        out = _slices(hf_config, proj)[0]
+        if kind == "row":
+            a, b = a.chunk(tp, dim=1)[tp_rank], torch.zeros(out, settings.rank)
+        else:
+            b = torch.zeros(out // tp, settings.rank)
+        a = torch.nn.Parameter(a.to(weight.device, weight.dtype).contiguous())
+        b = torch.nn.Parameter(b.to(weight.device, weight.dtype))
+        split, dim = (b, 0) if kind == "column" else (a, 1)
+        set_tensor_model_parallel_attributes(split, True, dim, 1)
+        # the replicated one sees this rank's sequence slice: summed over TP
+        (a if kind == "column" else b).sequence_parallel = sequence_parallel
+        adapters.lora_A[proj], adapters.lora_B[proj] = a, b
+    return adapters
 
 
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """The base model's forward (the reference policy) inside the block."""
     layers = list(adapted_layers(model).values())
+    before = [linear.lora.enabled for linear in layers]  # nested blocks restore theirs
     for linear in layers:
         linear.lora.enabled = False
     try:
         yield
     finally:
-        for linear in layers:
-            linear.lora.enabled = True
-
-
-@torch.no_grad()
-def merged_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """The stage's state dict with ``W + s * B @ A`` in each adapted weight (this rank's
-    part; new tensors, the model is unchanged) and no adapter keys: what the bridge
-    converts to HF tensors for the rollout."""
-    from siirl.engine.megatron.model import unwrap_model
-
-    layers = adapted_layers(model)
-    state = {}
-    for key, value in unwrap_model(model).state_dict().items():
-        if ".lora." in key or not isinstance(value, torch.Tensor):
-            continue
-        owner = layers.get(key.removesuffix(".weight"))
-        if owner is not None and key.endswith(".weight"):
-            value = value + owner.lora.weight_delta().to(value.dtype)
-        state[key] = value
-    return state
-
-
-def _gather(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-    from megatron.core import parallel_state as ps
-
-    _, tp = _tp()
-    if tp == 1:
-        return tensor.detach().clone()
-    parts = [torch.empty_like(tensor) for _ in range(tp)]
-    torch.distributed.all_gather(parts, tensor.detach().contiguous(),
-                                 group=ps.get_tensor_model_parallel_group())
-    return torch.cat(parts, dim=dim)
-
-
-def _pairs(model: torch.nn.Module) -> Iterator[Tuple[torch.nn.Module, str, str]]:
-    for linear in adapted_layers(model).values():
-        hf_dir, projections, _ = FUSED[linear.lora_suffix]
-        for proj in projections:
-            if proj in linear.lora.lora_A:
-                yield linear, hf_dir, proj
-
-
-@torch.no_grad()
-def adapter_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """The full adapters keyed as peft's file keys on the HF model (collective over TP)."""
-    state = {}
-    for linear, hf_dir, proj in _pairs(model):
-        adapters = linear.lora
-        a, b = adapters.lora_A[proj], adapters.lora_B[proj]
-        if adapters.kind == "row":
-            a = _gather(a, 1)
-        else:
-            b = _gather(b, 0)
-        state[hf_name(linear.lora_layer, hf_dir, proj, "A")] = a.cpu()
-        state[hf_name(linear.lora_layer, hf_dir, proj, "B")] = b.detach().cpu().clone()
-    return state
-
-
-@torch.no_grad()
-def load_adapter_state(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
-    """Copy full (HF-keyed) adapters into this rank's parts; names and shapes are checked
-    first (a mismatch raises KeyError / ValueError naming the tensor)."""
-    tp_rank, tp = _tp()
-    copies = []
-    for linear, hf_dir, proj in _pairs(model):
-        adapters = linear.lora
-        for which, param in (("A", adapters.lora_A[proj]), ("B", adapters.lora_B[proj])):
-            key = hf_name(linear.lora_layer, hf_dir, proj, which)
-            if key not in state:
-                raise KeyError(f"{key} is missing")
-            full = state[key]
-            split = (adapters.kind, which) in (("row", "A"), ("column", "B"))
-            part = full.chunk(tp, dim=1 if which == "A" else 0)[tp_rank] if split else full
-            if tuple(part.shape) != tuple(param.shape):
-                raise ValueError(f"{key} is {list(full.shape)}, the model's part is "
-                                 f"{list(param.shape)} at TP={tp}")
-            copies.append((param, part))
-    unexpected = set(state) - {hf_name(lin.lora_layer, d, p, w) for lin, d, p in _pairs(model)
-                               for w in "AB"}
-    if unexpected:
-        raise KeyError(f"{len(unexpected)} unexpected tensor(s), e.g. {sorted(unexpected)[0]}")
-    for param, part in copies:
-        param.copy_(part.to(param.device, param.dtype))
-
-
-def peft_config(settings: LoraSettings, base_model: str | None = None) -> Any:
-    """peft's ``LoraConfig`` equal to these adapters (for ``adapter_config.json``)."""
-    from siirl.engine.models.lora import import_peft
-
-    return import_peft().LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.targets),
-        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model)
-
-
-class MergedView(torch.nn.Module):
-    """A stand-in for the stage whose ``state_dict`` is :func:`merged_state`: what
-    ``bridge.iter_hf_weights`` reads to export the merged HF weights."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self._merged = merged_state(model)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Dict[str, torch.Tensor]:
-        return self._merged
-
-
-def iter_merged_hf_weights(model: torch.nn.Module, hf_config, bucket_bytes: int,
-                           tp_group: Any = None) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-    """The merged model's full HF tensors in buckets (collective over TP; PP=1)."""
-    from siirl.engine.megatron.bridge import iter_hf_weights
-
-    yield from iter_hf_weights(MergedView(model), hf_config, bucket_bytes, tp_group=tp_group,
-                               pp_rank=0, pp_size=1)
+        for linear, enabled in zip(layers, before, strict=True):
+            linear.lora.enabled = enabled

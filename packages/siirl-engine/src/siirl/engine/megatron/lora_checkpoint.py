@@ -1,9 +1,9 @@
 """Checkpoints and HF export of a megatron LoRA actor (``siirl.engine.megatron.lora``): the
 adapters only, never the frozen base weights, which the run rebuilds from the model path.
 
-The weights are a peft adapter folder with the HF model's names, gathered over TP and
-written once (global rank 0), so ``PeftModel.from_pretrained`` loads it on the HF model and
-any TP size reads it back::
+The weights are a peft adapter folder with the HF model's names, gathered over TP and the
+pipeline stages and written once (global rank 0), so ``PeftModel.from_pretrained`` loads it
+on the HF model and any TP and PP size reads it back::
 
     adapter_config.json, adapter_model.safetensors   (the adapters)
     dist_optim/ or optimizer*.pt, extra.pt           (the adapters' moments, lr schedule:
@@ -19,8 +19,8 @@ import torch
 
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.megatron import checkpointing
-from siirl.engine.megatron.lora import (
-    LoraSettings,
+from siirl.engine.megatron.lora import LoraSettings
+from siirl.engine.megatron.lora_state import (
     adapter_state,
     iter_merged_hf_weights,
     load_adapter_state,
@@ -48,7 +48,7 @@ def write_adapter(directory: str, settings: LoraSettings, state: Dict[str, torch
 
 def save_checkpoint(directory: str, backend: Any, extra: Dict[str, Any],
                     contents: Tuple[str, ...]) -> None:
-    """Collective over every rank: the adapters (gathered over TP), then the optimizer and
+    """Collective over every rank: the adapters (gathered over TP and PP), then the optimizer and
     ``extra`` as a full-weight megatron checkpoint writes them."""
     if "model" in contents:
         state = adapter_state(backend.schedule_model)
@@ -100,7 +100,8 @@ def export_hf(directory: str, backend: Any, tokenizer: Any, merged: bool) -> Non
     hf_config = backend.hf_module.config
     if merged:
         copy_into(backend.hf_module, iter_merged_hf_weights(
-            backend.schedule_model, hf_config, DEFAULT_BUCKET_BYTES, backend.tp_group))
+            backend.schedule_model, hf_config, DEFAULT_BUCKET_BYTES, backend.tp_group,
+            backend.stages))
     if torch.distributed.get_rank() == 0:
         write_adapter(directory, backend.lora, state)
         if tokenizer is not None:

@@ -15,7 +15,6 @@ from siirl.engine.megatron.lora import (
     add_adapters,
     settings_of,
 )
-from siirl.engine.models import lora
 from siirl.engine.models.lora import lora_enabled
 
 
@@ -36,6 +35,8 @@ def shares_actor_base(actor: Any) -> bool:
     return isinstance(getattr(getattr(actor, "backend", None), "lora", None), LoraSettings)
 
 
-def without_adapters(heads: Callable[..., Any]) -> Callable[..., Any]:
-    """A head factory whose heads run the stage with its adapters off."""
-    return lora.without_adapters(heads, disabled=adapters_disabled)
+def adapters_off(actor: Any) -> Callable[[], Any]:
+    """The context the reference's schedule runs in: the actor's adapters off on every
+    pipeline stage and chunk (a head runs on the last stage only)."""
+    model = actor.backend.schedule_model
+    return lambda: adapters_disabled(model)

@@ -167,14 +167,16 @@ def _pad_for_interleaving(micro_batches: list, num_chunks: int, pp_size: int) ->
 
 def _tied_embedding(chunks: list, pp_size: int, forward_only: bool, config: Any):
     """The copy of the tied word embedding this rank holds when its gradient must be summed
-    with the other copy's (first and last stage at PP > 1), else None."""
+    with the other copy's (first and last stage at PP > 1), else None (also when it is
+    frozen, as under LoRA)."""
     if (pp_size == 1 or forward_only or config.finalize_model_grads_func is not None
             or not parallel_state.is_rank_in_embedding_group()):
         return None
     for chunk in chunks:
         if chunk.share_embeddings_and_output_weights and (chunk.pre_process
                                                           or chunk.post_process):
-            return chunk.shared_embedding_or_output_weight()
+            weight = chunk.shared_embedding_or_output_weight()
+            return weight if weight.requires_grad else None
     return None
 
 

@@ -9,7 +9,7 @@ flight besides the sharded model. Collective over the TP and PP groups.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,17 +23,20 @@ Bucket = list[tuple[str, torch.Tensor]]
 
 
 def iter_pipeline_hf_weights(model: torch.nn.Module, hf_config: Any, bucket_bytes: int,
-                             tp_group: Any = None, stages: PipelineStages | None = None
-                             ) -> Iterator[Bucket]:
+                             tp_group: Any = None, stages: PipelineStages | None = None,
+                             chunk_view: Callable[[torch.nn.Module], torch.nn.Module] | None
+                             = None) -> Iterator[Bucket]:
+    """``chunk_view``: what the bridge reads in place of each chunk (its ``state_dict``:
+    the LoRA merged weights, ``lora_state.MergedView``)."""
     stages = stages or PipelineStages()
     if stages.size == 1:
-        yield from _own_buckets(model, hf_config, bucket_bytes, tp_group)
+        yield from _own_buckets(model, hf_config, bucket_bytes, tp_group, chunk_view)
         return
     device = next(model.parameters()).device
     for stage in range(stages.size):
         src = stages.global_rank(stage)
         if stage == stages.rank:
-            for bucket in _own_buckets(model, hf_config, bucket_bytes, tp_group):
+            for bucket in _own_buckets(model, hf_config, bucket_bytes, tp_group, chunk_view):
                 _send(bucket, src, stages.group)
                 yield bucket
             _send(None, src, stages.group)
@@ -43,11 +46,12 @@ def iter_pipeline_hf_weights(model: torch.nn.Module, hf_config: Any, bucket_byte
 
 
 def _own_buckets(model: torch.nn.Module, hf_config: Any, bucket_bytes: int,
-                 tp_group: Any) -> Iterator[Bucket]:
+                 tp_group: Any, chunk_view: Callable | None = None) -> Iterator[Bucket]:
     """The HF tensors of this rank's stage (all its virtual-pipeline chunks)."""
     for index, chunk in enumerate(model_chunks(model)):
         stage, stages = stage_of(model, index)
-        yield from iter_hf_weights(chunk, hf_config, bucket_bytes, tp_group=tp_group,
+        view = chunk if chunk_view is None else chunk_view(chunk)
+        yield from iter_hf_weights(view, hf_config, bucket_bytes, tp_group=tp_group,
                                    pp_rank=stage, pp_size=stages)
 
 
