@@ -81,8 +81,9 @@ def launch_scripts(session: nox.Session) -> None:
 def megatron(session: nox.Session) -> None:
     """The megatron backend's tests with its multi-worker runs (bf16 TP 2 and the plain
     optimizer's bf16 resume, starting from a distributed checkpoint at another layout and
-    for every role, TP 2 x EP 2 on four workers, LoRA and the reward model at TP 2 on two
-    workers); the default ``pytest`` runs the rest of each file (tests/siirl_suites.py)."""
+    for every role, TP 2 x EP 2 on four workers, LoRA at TP 2, TP 2 with sequence parallelism
+    and PP 2 and the reward model at TP 2 on two workers); the default ``pytest`` runs the
+    rest of each file (tests/siirl_suites.py)."""
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
