@@ -26,15 +26,15 @@ def convert(model_path: str, out: str, tp: int = 1, pp: int = 1, ep: int = 1,
 
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
     from siirl.engine.megatron.dist_checkpoint import save_model
-    from siirl.engine.megatron.setup import RANK_ORDER, build_megatron_model, ensure_distributed
+    from siirl.engine.megatron.rank_order import initialize_parallel_state
+    from siirl.engine.megatron.setup import build_megatron_model, ensure_distributed
     from siirl.engine.models.loader import load_model
 
     enable_cpu_mode()
     if not dist.is_initialized() and "WORLD_SIZE" in os.environ:  # under torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     ensure_distributed()
-    parallel_state.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep,
-                                             order=RANK_ORDER)
+    initialize_parallel_state(tp, pp, ep=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(0)
     hf_model = load_model({"path": model_path}, dtype=torch.float32)
     model = build_megatron_model(hf_model, torch.device("cpu"), params_dtype=dtype)

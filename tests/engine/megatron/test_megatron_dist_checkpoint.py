@@ -208,12 +208,11 @@ def _moe_at(tp: int, expert_tp: int, ep: int, hf, path: str | None,
 
     from siirl.engine.megatron.cpu_compat import enable_cpu_mode
     from siirl.engine.megatron.dist_checkpoint import save_model
-    from siirl.engine.megatron.setup import RANK_ORDER, build_megatron_model
+    from siirl.engine.megatron.rank_order import initialize_parallel_state
+    from siirl.engine.megatron.setup import build_megatron_model
 
     enable_cpu_mode()
-    parallel_state.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep,
-                                             expert_tensor_parallel_size=expert_tp,
-                                             order=RANK_ORDER)
+    initialize_parallel_state(tp, 1, ep=ep, etp=expert_tp)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     loaded = built = build_megatron_model(hf, torch.device("cpu"), tp > 1).eval()
     if path is not None:

@@ -1,8 +1,7 @@
 """The megatron section's expert-parallel keys: accepted where the engine runs them (the actor
 under megatron's DDP, the reference in the actor's state, a megatron critic averaging by
-hand), refused with the reason where it would not (experts or an expert TP other than TP
-with pipeline stages, so virtual stages too), and sized against the workers the experts
-are split over."""
+hand, with pipeline stages too), refused with the reason where it would not, and sized
+against the workers the experts are split over."""
 
 import pytest
 
@@ -45,12 +44,16 @@ def test_expert_tensor_parallelism_must_fit_the_workers():
     assert "must divide the number of workers (2 " in text, text
 
 
-def test_expert_tensor_parallelism_other_than_tp_with_pipeline_stages_is_refused():
-    text = _refusal([f"{ACTOR}.strategy=megatron", "trainer.device=cpu",
-                     "trainer.n_gpus_per_node=2",
-                     f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
-                     f"{ACTOR}.megatron.expert_tensor_parallel_size=2"])
-    assert "expert_tensor_parallel_size" in text and "tp-cp-ep-pp-dp" in text, text
+def test_expert_tensor_parallelism_other_than_tp_with_pipeline_stages_is_accepted():
+    """megatron lays experts out in its pipeline-last order, translated to siiRL's workers
+    (siirl.engine.megatron.rank_order; trained in test_megatron_rank_order.py)."""
+    config = parse_config([f"{ACTOR}.strategy=megatron", "trainer.device=cpu",
+                           "trainer.n_gpus_per_node=4",
+                           f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+                           f"{ACTOR}.megatron.sequence_parallel=true",
+                           f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                           f"{ACTOR}.megatron.expert_tensor_parallel_size=1"], validate=True)
+    assert config.actor_rollout_ref.actor.megatron.expert_tensor_parallel_size == 1
 
 
 def test_expert_parallelism_of_a_megatron_critic_is_accepted():
@@ -63,12 +66,11 @@ def test_expert_parallelism_of_a_megatron_critic_is_accepted():
 
 @pytest.mark.parametrize("virtual", [[], [f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size"
                                           "=2"]], ids=["pp", "vpp"])
-def test_expert_parallelism_with_pipeline_stages_is_refused(virtual):
-    """megatron-core asserts (at start-up of the workers) that experts split over pipeline
-    stages need its pipeline-last rank order, which siiRL's layout is not."""
-    text = _refusal(EP2 + ["trainer.n_gpus_per_node=4",
-                           f"{ACTOR}.megatron.pipeline_model_parallel_size=2", *virtual])
-    assert "pipeline_model_parallel_size=1" in text and "tp-cp-ep-pp-dp" in text, text
+def test_expert_parallelism_with_pipeline_stages_is_accepted(virtual):
+    config = parse_config(EP2 + ["trainer.n_gpus_per_node=4",
+                                 f"{ACTOR}.megatron.pipeline_model_parallel_size=2", *virtual],
+                          validate=True)
+    assert config.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size == 2
 
 
 def test_the_reference_follows_the_actors_expert_parallel_size():

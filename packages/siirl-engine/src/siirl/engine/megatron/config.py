@@ -84,52 +84,6 @@ def _differs_from_actor(config: Any, key: str) -> bool:
     return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
 
 
-def _expert_tp_differs(config: Any, key: str) -> bool:
-    value = get(config, key)
-    return value is not None and value != get(
-        config, f"{key.rsplit('.', 1)[0]}.tensor_model_parallel_size")
-
-
-def _expert_tp_with_pipeline(config: Any, key: str) -> bool:
-    return _expert_tp_differs(config, key) and \
-        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
-
-
-# megatron-core 0.16 (initialize_model_parallel) splits experts over pipeline stages only
-# with its pp-last rank order; siiRL's (tp-cp-ep-pp-dp) keeps a pipeline's workers together
-EXPERTS_WITH_PIPELINE = (
-    "megatron-core 0.16 splits experts across pipeline stages only when ranks are ordered "
-    "pipeline-last, while siiRL orders them tp-cp-ep-pp-dp so that the workers of one "
-    "pipeline are consecutive (the planner's layout): set "
-    f"{ACTOR}.megatron.pipeline_model_parallel_size=1 (split the model with "
-    "tensor_model_parallel_size and sequence_parallel=true instead) or "
-    "expert_model_parallel_size=1.")
-
-
-def _experts_with_pipeline(config: Any, key: str) -> bool:
-    return int(get(config, key) or 1) > 1 and \
-        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
-
-
-def _expert_rules(prefix: str, role: str) -> List[Rule]:
-    """The actor's expert-parallel keys (the other roles run in the actor's parallel state:
-    their own values may only repeat the actor's, see _MIRRORED)."""
-    if role != "actor":
-        return []
-    return [
-        refused(f"{prefix}.expert_tensor_parallel_size", "not with pipeline stages",
-                "an expert_tensor_parallel_size other than tensor_model_parallel_size gives "
-                "the experts a data-parallel size other than the dense layers', which "
-                "megatron-core 0.16 allows with pipeline stages only in its pipeline-last "
-                "rank order, while siiRL orders ranks tp-cp-ep-pp-dp (a pipeline's workers "
-                f"consecutive): set {ACTOR}.megatron.pipeline_model_parallel_size=1 or leave "
-                "expert_tensor_parallel_size null (it then equals tensor_model_parallel_size).",
-                _expert_tp_with_pipeline),
-        refused(f"{prefix}.expert_model_parallel_size", "not with pipeline stages",
-                EXPERTS_WITH_PIPELINE, _experts_with_pipeline),
-    ]
-
-
 def _replay_not_here(config: Any, key: str) -> bool:
     """Router replay R2 where this release cannot replay: pipeline stages (routers on other
     ranks)."""
@@ -216,7 +170,6 @@ def megatron_rules(mount: Mount) -> List[Rule]:
                                                 else ()), "no offload on a CPU run",
                 OFFLOAD_ON_CPU, cpu_run),
         notice(optimizer_offload, "no effect: no optimizer", "the reference has no optimizer."),
-        *_expert_rules(prefix, role),
         refused(f"{prefix}.use_dist_checkpointing", "needs dist_checkpointing_path",
                 f"without {prefix}.dist_checkpointing_path there is no checkpoint to start "
                 "from: set it to a megatron distributed checkpoint folder (written once by "

@@ -13,19 +13,12 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from siirl.engine.common.runtime import ensure_distributed
-from siirl.engine.megatron.config import (
-    EXPERTS_WITH_PIPELINE,
-    MegatronArguments,
-    megatron_size_problems,
-)
+from siirl.engine.megatron.config import MegatronArguments, megatron_size_problems
+from siirl.engine.megatron.rank_order import initialize_parallel_state
 from siirl.errors import ConfigError
 from siirl.params import SiiRLArguments
 
 MEGATRON_KEY = "actor_rollout_ref.actor.megatron"
-# Ranks ordered TP fastest, then PP, then DP, so the TP x PP peers that read the same rows
-# are consecutive workers: the planner's megatron layout (dag_worker/walk/layouts.py) groups
-# consecutive ranks. (megatron's default puts PP outermost: tp-cp-ep-dp-pp.)
-RANK_ORDER = "tp-cp-ep-pp-dp"
 
 
 def parallel_sizes(mcfg: MegatronArguments) -> Dict[str, int]:
@@ -68,9 +61,6 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
                           f"pipeline_model_parallel_size={pp} must divide the number of "
                           f"workers ({dist.get_world_size()})")
     ep = sizes["expert_model_parallel_size"]
-    if ep > 1 and pp > 1:  # the validation pass refuses it first
-        raise ConfigError(f"{MEGATRON_KEY}.expert_model_parallel_size={ep} with "
-                          f"pipeline_model_parallel_size={pp}: {EXPERTS_WITH_PIPELINE}")
     etp = sizes["expert_tensor_parallel_size"]
     # the experts' own layout: ETP x EP x expert-DP x PP = workers
     if dist.get_world_size() % (etp * ep * pp):
@@ -78,9 +68,9 @@ def init_megatron(cfg: SiiRLArguments, seed: int) -> None:
                           f"expert_model_parallel_size={ep} x pipeline_model_parallel_size={pp}"
                           f" must divide the number of workers ({dist.get_world_size()})")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=RANK_ORDER)
+        # the TP x PP peers that read the same rows are consecutive workers (the planner's
+        # megatron layout, dag_worker/walk/layouts.py), in megatron's pipeline-last layout
+        initialize_parallel_state(tp, pp, vpp=vpp if vpp > 1 else None, ep=ep, etp=etp)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     elif (parallel_state.get_tensor_model_parallel_world_size(),
           parallel_state.get_pipeline_model_parallel_world_size(),
