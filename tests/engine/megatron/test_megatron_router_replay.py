@@ -134,16 +134,26 @@ def _update_follows_the_batchs_experts(actor):
     assert abs(actor.update_policy(batch).metrics["actor/ppo_kl"]) > 1e-3
 
 
-def _tp2_rank(rank: int, world_size: int, port: int, packing: bool) -> None:
+LAYOUTS = {
+    "tp2-sp-padded": [f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+                      f"{ACTOR}.megatron.sequence_parallel=true"],
+    "tp2-sp-packed": [f"{ACTOR}.megatron.tensor_model_parallel_size=2",
+                      f"{ACTOR}.megatron.sequence_parallel=true", PACKING],
+    # 2 + 1 MoE layers per stage; micro-batches of 3 of 4 rows: the short one is filled
+    "pp2": [f"{ACTOR}.megatron.pipeline_model_parallel_size=2"],
+}
+
+
+def _two_rank(rank: int, world_size: int, port: int, layout: str) -> None:
 
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     start_gloo_rank(rank, world_size, port)
-    actor = _actor(f"{ACTOR}.megatron.tensor_model_parallel_size=2",
-                   f"{ACTOR}.megatron.sequence_parallel=true", *([PACKING] if packing else []))
+    actor = _actor(*LAYOUTS[layout])
     routed = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
-    # each rank's routers saw half of every sequence; both keep the whole sequence's routing
+    # each rank's routers saw half of every sequence (TP) or of the layers (PP); both keep
+    # the whole routing
     assert routed.shape == (4, 12, 3, 2)
     both = [torch.empty_like(routed) for _ in range(world_size)]
     dist.all_gather(both, routed)
@@ -154,13 +164,13 @@ def _tp2_rank(rank: int, world_size: int, port: int, packing: bool) -> None:
     finish_rank()
 
 
-@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-def test_r2_at_tp_2_with_sequence_parallelism_over_gloo(packing):
-    """Each rank's routers see half of every sequence (packed: half of the packed row,
-    filled to a multiple of 2)."""
-    context = mp.start_processes(_tp2_rank, args=(2, free_port(), packing), nprocs=2,
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_r2_on_two_gloo_ranks(layout):
+    """TP 2 + SP: each rank's routers see half of every sequence (packed: half of the packed
+    row, filled to a multiple of 2); PP 2: each stage records and replays its own layers."""
+    context = mp.start_processes(_two_rank, args=(2, free_port(), layout), nprocs=2,
                                  join=False, start_method="spawn")
-    join_spawned(context, "the 2-rank router replay run")
+    join_spawned(context, f"the 2-rank router replay run ({layout})")
 
 
 def test_r2_trains_grpo_on_the_megatron_actor(tmp_path):
@@ -187,8 +197,9 @@ def test_r2_is_refused_where_it_cannot_replay():
     from siirl.params.parser import parse_config
 
     for extra, reason in (([f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                            f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2",
                             "trainer.n_gpus_per_node=2", "trainer.device=cpu",
-                            f"{ACTOR}.strategy=megatron"], "pipeline_model_parallel_size=1"),
+                            f"{ACTOR}.strategy=megatron"], "virtual_pipeline_model_parallel_size"),
                           ([], "strategy=megatron"),
                           ([f"{ACTOR}.strategy=megatron", f"{ACTOR}.router_replay.mode=R3"],
                            "rollout that reports")):

@@ -25,10 +25,10 @@ from siirl.engine.megatron.lora_state import iter_merged_hf_weights
 from siirl.engine.megatron.mixed_precision import loss_scaler
 from siirl.engine.megatron.offload import Offloader
 from siirl.engine.megatron.optimizer_adapter import MegatronOptimizer
-from siirl.engine.megatron.packing import pack_schedule_dict
+from siirl.engine.megatron.packing import ROW_MASK, pack_schedule_dict
 from siirl.engine.megatron.pipeline import run_pipeline
 from siirl.engine.megatron.router_loss import RouterLossLog
-from siirl.engine.megatron.router_replay import RoutingReplay, routing_head
+from siirl.engine.megatron.router_replay import RoutingReplay
 from siirl.engine.megatron.sequence_parallel import sequence_multiple
 from siirl.engine.megatron.stages import PipelineStages
 from siirl.engine.megatron.weight_sync import iter_pipeline_hf_weights
@@ -111,17 +111,17 @@ class MegatronBackend:
             schedule = [pack_schedule_dict(batch, data[RESPONSES].shape[-1],
                                            self.stages.sequence_multiple)
                         for batch in schedule]
-        head_fn, routed = head.fn, None
+        routed, around = None, None
         if self.routing is not None:  # router replay R2 (megatron.router_replay)
             routed = [] if forward_only else None
             if not forward_only and ROUTED_EXPERTS in data.keys():
                 for batch, part in zip(schedule, parts, strict=True):
-                    batch[ROUTED_EXPERTS] = part[ROUTED_EXPERTS]
-            head_fn = routing_head(head.fn, self.routing, routed)
+                    batch[ROUTED_EXPERTS] = _filled(part[ROUTED_EXPERTS], batch)
+            around = self.routing.around_forward(routed)
         if forward_only:
             with self.forward_context():
-                outputs = run_pipeline(self.schedule_model, schedule, head_fn,
-                                       forward_only=True)
+                outputs = run_pipeline(self.schedule_model, schedule, head.fn,
+                                       forward_only=True, around_forward=around)
             rows = data.batch_size[0]
             if routed is not None:
                 routing = torch.cat(routed)[:rows]
@@ -141,7 +141,8 @@ class MegatronBackend:
                                           outputs.items() if value is not None})
 
         with self.forward_context():
-            run_pipeline(self.schedule_model, schedule, head_fn, step_loss)
+            run_pipeline(self.schedule_model, schedule, head.fn, step_loss,
+                         around_forward=around)
         if self.router_losses is not None:
             self.router_losses.record(len(schedule))
         return None
@@ -235,3 +236,12 @@ class MegatronBackend:
             ckpt.save_pretrained_dir(directory, self.hf_module, self.hf_module.state_dict(),
                                      tokenizer)
         torch.distributed.barrier()
+
+
+def _filled(routed: torch.Tensor, batch: dict) -> torch.Tensor:
+    """A micro-batch's routing for its schedule dict's rows (at PP > 1 a short micro-batch
+    is filled with copies of its last row, see PipelineStages.micro_batches)."""
+    rows = batch[ROW_MASK] if ROW_MASK in batch else batch["input_ids"]  # packed: its rows
+    short = rows.shape[0] - routed.shape[0]
+    return torch.cat([routed, routed[-1:].expand(short, *routed.shape[1:])]) if short > 0 \
+        else routed

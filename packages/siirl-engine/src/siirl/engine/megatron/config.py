@@ -85,10 +85,10 @@ def _differs_from_actor(config: Any, key: str) -> bool:
 
 
 def _replay_not_here(config: Any, key: str) -> bool:
-    """Router replay R2 where this release cannot replay: pipeline stages (routers on other
-    ranks)."""
+    """Router replay R2 where this release cannot replay: virtual pipeline stages (each
+    chunk's routers would need their own share of the routing)."""
     return get(config, key) == "R2" and \
-        int(get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1) > 1
+        int(get(config, f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size") or 1) > 1
 
 
 def _own_role_on_megatron(config: Any, key: str) -> bool:
@@ -124,12 +124,11 @@ def _role_keys(mount: Mount) -> List[Rule]:
     rules = [] if mount.role == "actor" else [_lora_reference_rule()]
     if mount.role == "actor":
         rules.append(refused(
-            f"{ACTOR}.router_replay.mode", "R2: one pipeline stage",
-            "router replay R2 keeps each token's experts per row of the batch and replays "
-            "them on the routers of the worker that recorded them, which hold every MoE "
-            f"layer only without pipeline stages: set {ACTOR}.megatron."
-            "pipeline_model_parallel_size=1 (tensor_model_parallel_size and "
-            "expert_model_parallel_size split the model instead), or leave the mode "
+            f"{ACTOR}.router_replay.mode", "R2: not with virtual pipeline stages",
+            "router replay R2 records and replays each pipeline stage's MoE layers around its "
+            "forward of a micro-batch; with virtual pipeline stages each chunk's routers would "
+            f"need their own share: set {ACTOR}.megatron.virtual_pipeline_model_parallel_size"
+            "=null (pipeline stages, tensor and expert parallelism work), or leave the mode "
             "disabled.",
             _replay_not_here))
     # one rule for both roles' keys where both run on megatron (one line for both)

@@ -31,6 +31,7 @@ from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
 from siirl.engine.megatron import lora_setup
 from siirl.engine.megatron.backend import MegatronBackend
+from siirl.engine.megatron.chunks import model_chunks
 from siirl.engine.megatron.heads import MegatronBackbone, logprob_heads, value_heads
 from siirl.engine.megatron.mixed_precision import (
     params_dtype,
@@ -200,8 +201,9 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
                               packing=bool(cfg.actor_rollout_ref.model.use_remove_padding),
                               offload=offload)
     if replays:
-        backend.routing = RoutingReplay(model, num_experts(hf_model.config),
-                                        tp_group if sequence_parallel(cfg) else None)
+        backend.routing = RoutingReplay(
+            model, num_experts(hf_model.config), model_chunks(model)[0].config.moe_router_topk,
+            tp_group if sequence_parallel(cfg) else None, backend.stages.group)
     # a LoRA actor's reference is its own stage with the adapters off: no initial copy
     initial = copy.deepcopy(hf_model) if dp > 1 and adapters is None else None
     return ActorEngine(backend, cfg, logprob_heads, tokenizer=tokenizer, rollout_module=hf_model,

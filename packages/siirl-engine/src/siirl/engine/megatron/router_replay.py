@@ -19,8 +19,12 @@ row, ``[B, S, layers, top-k]``, as uint8 (int16 above 256 experts), the same on 
 rank, so rows can be regrouped into other micro-batches for the update. A packed
 micro-batch (``use_remove_padding``: one row of its rows' attended tokens, filled to a TP
 multiple) is recorded as that row and put back at each token's place in the padded rows;
-its replay gathers the rows' routing at the attended tokens in the same order. Pipeline
-stages (whose routers sit on other ranks) are refused by the key rules.
+its replay gathers the rows' routing at the attended tokens in the same order. With
+pipeline stages each stage records and replays its own MoE layers around its forward of
+each micro-batch (:func:`~siirl.engine.megatron.pipeline.run_pipeline`'s
+``around_forward``); after a forward-only pass the stages' layers are gathered, so every
+stage keeps the whole routing (every worker of a pipeline hands the same rows on). Virtual
+pipeline stages are refused by the key rules.
 """
 
 from __future__ import annotations
@@ -33,21 +37,31 @@ import torch
 from siirl.data_coordinator.fields import ROUTED_EXPERTS
 from siirl.engine.megatron.packing import ROW_MASK
 
-__all__ = ["ROUTED_EXPERTS", "RoutingReplay", "replay_settings", "routing_head"]
+__all__ = ["ROUTED_EXPERTS", "RoutingReplay", "replay_settings"]
 
 
 class RoutingReplay:
     """Records the routers' choices in forward-only passes and replays them in the
     micro-batches of an update."""
 
-    def __init__(self, model: torch.nn.Module, num_experts: int, tp_group: Any = None):
+    def __init__(self, model: torch.nn.Module, num_experts: int, top_k: int,
+                 tp_group: Any = None, pp_group: Any = None):
+        self.top_k = top_k
         self.replays = [m.router_replay for m in model.modules()
                         if getattr(m, "router_replay", None) is not None]
+        # pipeline stages: this stage's MoE layers are [first, first + len) of the model's
+        self.pp_group, self.stage_layers = pp_group, [len(self.replays)]
+        if pp_group is not None:
+            self.stage_layers = [None] * torch.distributed.get_world_size(pp_group)
+            torch.distributed.all_gather_object(self.stage_layers, len(self.replays),
+                                                group=pp_group)
+        stage = torch.distributed.get_rank(pp_group) if pp_group is not None else 0
+        self.first = sum(self.stage_layers[:stage])
         # sequence parallelism: this rank's routers see 1 / TP of each sequence
         self.tp_group = tp_group
         self.tp_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
         self.tp_rank = torch.distributed.get_rank(tp_group) if tp_group is not None else 0
-        if not self.replays:
+        if not sum(self.stage_layers):
             raise ValueError("router replay needs a model built with moe_enable_routing_replay")
         self.dtype = torch.uint8 if num_experts <= 256 else torch.int16
         self._recorded: Optional[torch.Tensor] = None
@@ -79,7 +93,11 @@ class RoutingReplay:
         # [S*B, k] sequence-major -> [S, B, k] (the whole sequence) -> [B, S, k]
         per_layer = [self._whole_sequence(idx.reshape(-1, rows, idx.shape[-1]))
                      .transpose(0, 1) for idx in recorded]
-        routing = torch.stack(per_layer, dim=2).to(self.dtype).cpu()
+        if per_layer:
+            routing = torch.stack(per_layer, dim=2).to(self.dtype).cpu()
+        else:  # a pipeline stage of dense layers only
+            routing = torch.empty((rows, batch["input_ids"].shape[1], 0, self.top_k),
+                                  dtype=self.dtype)
         if ROW_MASK in batch:
             routing = unpacked_routing(routing[0], batch[ROW_MASK].cpu())
         parts.append(routing)
@@ -91,9 +109,10 @@ class RoutingReplay:
         batch = batch or {}
         if ROW_MASK in batch:
             routed = packed_routing(routed, batch[ROW_MASK].cpu(), batch["input_ids"].shape[1])
-        if routed.shape[2] != len(self.replays):
+        if routed.shape[2] != sum(self.stage_layers):
             raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
-                             f"{len(self.replays)}")
+                             f"{sum(self.stage_layers)}")
+        routed = routed[:, :, self.first:self.first + len(self.replays)]  # this stage's
         for layer, replay in enumerate(self.replays):
             # [B, S, k] -> this rank's slice of the sequence -> sequence-major [S*B, k]
             tokens = routed[:, :, layer].transpose(0, 1)
@@ -110,13 +129,40 @@ class RoutingReplay:
         torch.distributed.all_gather(parts, local.contiguous(), group=self.tp_group)
         return torch.cat(parts)
 
-    def keep(self, routing: Optional[torch.Tensor]) -> None:
+    def keep(self, routing: torch.Tensor) -> None:
+        """A forward-only pass's routing ``[B, S, this stage's layers, k]``, kept with every
+        stage's layers (collective over the pipeline stages)."""
+        if self.pp_group is not None:  # stages may hold different numbers of MoE layers
+            most = max(self.stage_layers)
+            mine = torch.nn.functional.pad(routing, (0, 0, 0, most - routing.shape[2]))
+            stages = [torch.empty_like(mine) for _ in self.stage_layers]
+            torch.distributed.all_gather(stages, mine.contiguous(), group=self.pp_group)
+            routing = torch.cat([part[:, :, :layers] for part, layers
+                                 in zip(stages, self.stage_layers, strict=True)], dim=2)
         self._recorded = routing
 
     def take(self) -> Optional[torch.Tensor]:
         """The last forward-only pass's routing, ``[B, S, L, k]`` in the batch's row order."""
         routing, self._recorded = self._recorded, None
         return routing
+
+    def around_forward(self, parts: Optional[List[torch.Tensor]]) -> Any:
+        """``run_pipeline``'s ``around_forward``: each forward of a micro-batch records its
+        routing into ``parts`` (a forward-only pass), or replays the micro-batch's
+        ``routed_experts`` (an update)."""
+
+        @contextlib.contextmanager
+        def around(batch: dict) -> Iterator[None]:
+            if parts is not None:
+                with self.recording():
+                    yield
+                    self.record_micro_batch(batch, parts)
+            elif ROUTED_EXPERTS in batch:
+                with self.replaying(batch[ROUTED_EXPERTS], batch):
+                    yield
+            else:
+                yield
+        return around
 
 
 def _unused_experts(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -140,25 +186,6 @@ def packed_routing(routed: torch.Tensor, row_mask: torch.Tensor, length: int) ->
     tokens = routed[row_mask.ne(0)]
     filler = _unused_experts((length - tokens.shape[0], *tokens.shape[1:]), tokens.dtype)
     return torch.cat([tokens, filler])[None]
-
-
-def routing_head(head_fn: Any, routing: RoutingReplay, parts: Optional[List[torch.Tensor]]
-                 ) -> Any:
-    """``head_fn`` that records its micro-batch's routing into ``parts`` (a forward-only
-    pass), or replays the micro-batch's ``routed_experts`` (an update)."""
-
-    def head(module: torch.nn.Module, batch: dict) -> Any:
-        routed = batch.pop(ROUTED_EXPERTS, None)
-        if parts is not None:
-            with routing.recording():
-                out = head_fn(module, batch)
-                routing.record_micro_batch(batch, parts)
-            return out
-        if routed is None:
-            return head_fn(module, batch)
-        with routing.replaying(routed, batch):
-            return head_fn(module, batch)
-    return head
 
 
 def replay_settings(cfg: Any, hf_config: Any, overrides: dict) -> bool:
