@@ -57,14 +57,8 @@ CONTEXTS = {
         *(f"{role}.megatron.override_transformer_config={{num_layers: 2}}"
           for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic",
                        "reward_model"))],
-    # router replay R2: refused off megatron, and on megatron with virtual pipeline stages
+    # router replay R2: refused off megatron
     "router replay R2": ["actor_rollout_ref.actor.router_replay.mode=R2"],
-    "megatron router replay, virtual pipeline": [
-        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
-        "actor_rollout_ref.actor.router_replay.mode=R2", "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-        "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
     "packing": ["actor_rollout_ref.model.use_remove_padding=true",
                 "critic.model.use_remove_padding=true"],
     "gae": ["algorithm.adv_estimator=gae"],

@@ -142,19 +142,49 @@ LAYOUTS = {
     # 2 + 1 MoE layers per stage; micro-batches of 3 of 4 rows: the short one is filled
     "pp2": [f"{ACTOR}.megatron.pipeline_model_parallel_size=2"],
 }
+VIRTUAL = {"pp2-vpp2": [f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
+                        f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2"]}
 
 
-def _two_rank(rank: int, world_size: int, port: int, layout: str) -> None:
+def four_layer_moe(directory) -> str:
+    """A random 4-layer Mixtral (4 experts, top-2) with the built-in tokenizer: 2 pipeline
+    stages x 2 virtual chunks of one MoE layer each (the built-in tiny MoE has 3 layers)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from siirl.engine.models.loader import tiny_arith_dir
+
+    source, directory = Path(tiny_arith_dir()), Path(directory)
+    vocab = json.loads((source / "config.json").read_text())
+    torch.manual_seed(0)
+    MixtralForCausalLM(MixtralConfig(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4,
+        num_experts_per_tok=2, tie_word_embeddings=False,
+        initializer_range=0.5,  # outputs that feel which experts a token goes through
+        **{k: vocab[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    )).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(source / name, directory / name)
+    return str(directory)
+
+
+def _two_rank(rank: int, world_size: int, port: int, layout: str, model: str = "") -> None:
 
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     start_gloo_rank(rank, world_size, port)
-    actor = _actor(*LAYOUTS[layout])
+    path = [f"actor_rollout_ref.model.path={model}"] if model else []
+    actor = _actor(*{**LAYOUTS, **VIRTUAL}[layout], *path)
     routed = actor.compute_log_prob(_batch()).batch[ROUTED_EXPERTS]
+    layers = 4 if model else 3
     # each rank's routers saw half of every sequence (TP) or of the layers (PP); both keep
     # the whole routing
-    assert routed.shape == (4, 12, 3, 2)
+    assert routed.shape == (4, 12, layers, 2)
     both = [torch.empty_like(routed) for _ in range(world_size)]
     dist.all_gather(both, routed)
     assert torch.equal(both[0], both[1])
@@ -171,6 +201,14 @@ def test_r2_on_two_gloo_ranks(layout):
     context = mp.start_processes(_two_rank, args=(2, free_port(), layout), nprocs=2,
                                  join=False, start_method="spawn")
     join_spawned(context, f"the 2-rank router replay run ({layout})")
+
+
+def test_r2_with_virtual_pipeline_stages_over_gloo(tmp_path):
+    """PP 2 x 2 virtual chunks: each chunk records and replays its own MoE layer."""
+    model = four_layer_moe(tmp_path / "moe")
+    context = mp.start_processes(_two_rank, args=(2, free_port(), "pp2-vpp2", model),
+                                 nprocs=2, join=False, start_method="spawn")
+    join_spawned(context, "the 2-rank router replay run (pp2-vpp2)")
 
 
 def test_r2_trains_grpo_on_the_megatron_actor(tmp_path):
@@ -196,11 +234,7 @@ def test_r2_is_refused_where_it_cannot_replay():
     from siirl.errors import ConfigError
     from siirl.params.parser import parse_config
 
-    for extra, reason in (([f"{ACTOR}.megatron.pipeline_model_parallel_size=2",
-                            f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size=2",
-                            "trainer.n_gpus_per_node=2", "trainer.device=cpu",
-                            f"{ACTOR}.strategy=megatron"], "virtual_pipeline_model_parallel_size"),
-                          ([], "strategy=megatron"),
+    for extra, reason in (([], "strategy=megatron"),
                           ([f"{ACTOR}.strategy=megatron", f"{ACTOR}.router_replay.mode=R3"],
                            "rollout that reports")):
         overrides = [f"{ACTOR}.router_replay.mode=R2", *extra]

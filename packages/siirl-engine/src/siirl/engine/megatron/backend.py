@@ -113,7 +113,7 @@ class MegatronBackend:
                         for batch in schedule]
         routed, around = None, None
         if self.routing is not None:  # router replay R2 (megatron.router_replay)
-            routed = [] if forward_only else None
+            routed = self.routing.new_record() if forward_only else None
             if not forward_only and ROUTED_EXPERTS in data.keys():
                 for batch, part in zip(schedule, parts, strict=True):
                     batch[ROUTED_EXPERTS] = _filled(part[ROUTED_EXPERTS], batch)
@@ -124,8 +124,7 @@ class MegatronBackend:
                                        forward_only=True, around_forward=around)
             rows = data.batch_size[0]
             if routed is not None:
-                routing = torch.cat(routed)[:rows]
-                self.routing.keep(routing if restore is None else routing[restore])
+                self.routing.keep(routed, rows, restore)
             shape = (rows, data[RESPONSES].shape[-1])
             result = {}
             for name in head.outputs:

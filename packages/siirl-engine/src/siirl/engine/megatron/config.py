@@ -84,13 +84,6 @@ def _differs_from_actor(config: Any, key: str) -> bool:
     return get(config, key) != get(config, f"{ACTOR}.megatron.{key.rsplit('.', 1)[1]}")
 
 
-def _replay_not_here(config: Any, key: str) -> bool:
-    """Router replay R2 where this release cannot replay: virtual pipeline stages (each
-    chunk's routers would need their own share of the routing)."""
-    return get(config, key) == "R2" and \
-        int(get(config, f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size") or 1) > 1
-
-
 def _own_role_on_megatron(config: Any, key: str) -> bool:
     """The role of ``key`` (its ``strategy`` sibling) runs on megatron too."""
     return str(get(config, f"{key.rsplit('.', 1)[0]}.strategy")) == "megatron"
@@ -122,15 +115,6 @@ def _role_keys(mount: Mount) -> List[Rule]:
                     "with sequence_parallel=true splits."),
         ]
     rules = [] if mount.role == "actor" else [_lora_reference_rule()]
-    if mount.role == "actor":
-        rules.append(refused(
-            f"{ACTOR}.router_replay.mode", "R2: not with virtual pipeline stages",
-            "router replay R2 records and replays each pipeline stage's MoE layers around its "
-            "forward of a micro-batch; with virtual pipeline stages each chunk's routers would "
-            f"need their own share: set {ACTOR}.megatron.virtual_pipeline_model_parallel_size"
-            "=null (pipeline stages, tensor and expert parallelism work), or leave the mode "
-            "disabled.",
-            _replay_not_here))
     # one rule for both roles' keys where both run on megatron (one line for both)
     ulysses = (f"{ACTOR}.{_ULYSSES}", f"{REF}.{_ULYSSES}") if mount.role == "actor" \
         else (f"{REF}.{_ULYSSES}",)

@@ -71,15 +71,16 @@ def _variable_shapes(chunks: list, on: bool):
 def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch.Tensor]],
                  last_stage_fn: LastStageFn, loss_fn: StepLossFn | None = None,
                  forward_only: bool = False,
-                 around_forward: Callable[[dict], Any] | None = None) -> list[dict[str, Any]]:
+                 around_forward: Callable[[dict, torch.nn.Module], Any] | None = None,
+                 ) -> list[dict[str, Any]]:
     """Forward (and, unless ``forward_only``, backward) of this rank's stage over
     ``micro_batches`` with megatron-core's schedule (1F1B at PP > 1, plain accumulation at
     PP = 1). Every stage calls it with the same micro-batches (dicts of ``input_ids``,
     ``attention_mask``, ``position_ids``, ``[B, S]`` left-padded; ``B, S`` may differ between
     micro-batches: at PP > 1 stages then exchange shapes first). Inner stages run the
     decoder; the last stage calls ``last_stage_fn(module, batch)`` for named outputs and
-    ``loss_fn(index, outputs)`` for a scalar loss. ``around_forward(batch)``, where given, is
-    a context each stage runs its forward of ``batch`` in.
+    ``loss_fn(index, outputs)`` for a scalar loss. ``around_forward(batch, module)``, where
+    given, is a context each stage (each chunk ``module``) runs its forward of ``batch`` in.
 
     Gradients are those of the *sum* of the losses (normalise inside ``loss_fn``); they
     accumulate into ``.grad`` as ``backward()`` would. Returns, on the last stage, one dict
@@ -108,7 +109,7 @@ def run_pipeline(model: torch.nn.Module, micro_batches: Sequence[dict[str, torch
     def forward_step(data_iterator, module):
         index, batch = next(data_iterator)
         # every stage's forward of a micro-batch (router replay records or replays there)
-        with around_forward(batch) if around_forward else contextlib.nullcontext():
+        with around_forward(batch, module) if around_forward else contextlib.nullcontext():
             if not unwrap_model(module).post_process:  # hidden states [S, B, H] onwards
                 hidden = module(batch[INPUT_IDS], batch[POSITION_IDS],
                                 schedule_attention_mask(batch))

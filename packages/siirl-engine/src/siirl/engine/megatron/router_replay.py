@@ -23,8 +23,8 @@ its replay gathers the rows' routing at the attended tokens in the same order. W
 pipeline stages each stage records and replays its own MoE layers around its forward of
 each micro-batch (:func:`~siirl.engine.megatron.pipeline.run_pipeline`'s
 ``around_forward``); after a forward-only pass the stages' layers are gathered, so every
-stage keeps the whole routing (every worker of a pipeline hands the same rows on). Virtual
-pipeline stages are refused by the key rules.
+stage keeps the whole routing (every worker of a pipeline hands the same rows on). With
+virtual pipeline stages each chunk does so for its own layers.
 """
 
 from __future__ import annotations
@@ -42,84 +42,99 @@ __all__ = ["ROUTED_EXPERTS", "RoutingReplay", "replay_settings"]
 
 class RoutingReplay:
     """Records the routers' choices in forward-only passes and replays them in the
-    micro-batches of an update."""
+    micro-batches of an update. The routing's layer axis runs over the whole model's MoE
+    layers in their order: virtual stage ``chunk * PP + stage`` after virtual stage."""
 
     def __init__(self, model: torch.nn.Module, num_experts: int, top_k: int,
                  tp_group: Any = None, pp_group: Any = None):
+        from siirl.engine.megatron.chunks import model_chunks
+        from siirl.engine.megatron.model import unwrap_model
+
         self.top_k = top_k
-        self.replays = [m.router_replay for m in model.modules()
-                        if getattr(m, "router_replay", None) is not None]
-        # pipeline stages: this stage's MoE layers are [first, first + len) of the model's
-        self.pp_group, self.stage_layers = pp_group, [len(self.replays)]
+        chunks = model_chunks(model)
+        self.chunk_of = {id(unwrap_model(chunk)): index for index, chunk in enumerate(chunks)}
+        self.chunk_replays = [[m.router_replay for m in chunk.modules()
+                               if getattr(m, "router_replay", None) is not None]
+                              for chunk in chunks]
+        self.replays = [replay for replays in self.chunk_replays for replay in replays]
+        # every stage's MoE layers per chunk, and where each (stage, chunk) starts
+        counts = [len(replays) for replays in self.chunk_replays]
+        self.pp_group, self.stage, self.table = pp_group, 0, [counts]
         if pp_group is not None:
-            self.stage_layers = [None] * torch.distributed.get_world_size(pp_group)
-            torch.distributed.all_gather_object(self.stage_layers, len(self.replays),
-                                                group=pp_group)
-        stage = torch.distributed.get_rank(pp_group) if pp_group is not None else 0
-        self.first = sum(self.stage_layers[:stage])
+            self.stage = torch.distributed.get_rank(pp_group)
+            self.table = [None] * torch.distributed.get_world_size(pp_group)
+            torch.distributed.all_gather_object(self.table, counts, group=pp_group)
+        self.first, self.layers = {}, 0
+        for chunk in range(len(counts)):
+            for stage, stage_counts in enumerate(self.table):
+                self.first[stage, chunk] = self.layers
+                self.layers += stage_counts[chunk]
         # sequence parallelism: this rank's routers see 1 / TP of each sequence
         self.tp_group = tp_group
         self.tp_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
         self.tp_rank = torch.distributed.get_rank(tp_group) if tp_group is not None else 0
-        if not sum(self.stage_layers):
+        if not self.layers:
             raise ValueError("router replay needs a model built with moe_enable_routing_replay")
         self.dtype = torch.uint8 if num_experts <= 256 else torch.int16
         self._recorded: Optional[torch.Tensor] = None
 
     @contextlib.contextmanager
-    def _acting(self, action: str) -> Iterator[None]:
-        """Within: every router records (``"RECORD"``) or replays its target indices
-        (``"REPLAY_FORWARD"``); after, they route as usual and hold no indices."""
+    def _acting(self, action: str, replays: List[Any]) -> Iterator[None]:
+        """Within: the ``replays``' routers record (``"RECORD"``) or replay their target
+        indices (``"REPLAY_FORWARD"``); after, they route as usual and hold no indices."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-        for replay in self.replays:
+        for replay in replays:
             replay.set_router_replay_action(RouterReplayAction[action])
         try:
             yield
         finally:
-            for replay in self.replays:
+            for replay in replays:
                 replay.clear_router_replay_action()
                 replay.clear_indices()
 
-    def recording(self) -> contextlib.AbstractContextManager:
-        """Within: the routers record; :meth:`record_micro_batch` reads them after a forward."""
-        return self._acting("RECORD")
+    def recording(self, chunk: int = 0) -> contextlib.AbstractContextManager:
+        """Within: ``chunk``'s routers record; :meth:`record_micro_batch` reads them."""
+        return self._acting("RECORD", self.chunk_replays[chunk])
 
-    def record_micro_batch(self, batch: dict, parts: List[torch.Tensor]) -> None:
-        """After the forward of schedule dict ``batch``: its rows' routing as one
-        ``[B, S, L, k]`` part (a packed row's put back in its padded rows)."""
+    def record_micro_batch(self, batch: dict, parts: List[torch.Tensor], chunk: int = 0
+                           ) -> None:
+        """After ``chunk``'s forward of schedule dict ``batch``: its rows' routing through
+        the chunk's layers as one ``[B, S, L, k]`` part (a packed row's put back in its
+        padded rows)."""
         rows = batch["input_ids"].shape[0]
-        recorded = [replay.get_recorded_indices() for replay in self.replays]
+        recorded = [replay.get_recorded_indices() for replay in self.chunk_replays[chunk]]
         # [S*B, k] sequence-major -> [S, B, k] (the whole sequence) -> [B, S, k]
         per_layer = [self._whole_sequence(idx.reshape(-1, rows, idx.shape[-1]))
                      .transpose(0, 1) for idx in recorded]
         if per_layer:
             routing = torch.stack(per_layer, dim=2).to(self.dtype).cpu()
-        else:  # a pipeline stage of dense layers only
+        else:  # a chunk of dense layers only
             routing = torch.empty((rows, batch["input_ids"].shape[1], 0, self.top_k),
                                   dtype=self.dtype)
         if ROW_MASK in batch:
             routing = unpacked_routing(routing[0], batch[ROW_MASK].cpu())
         parts.append(routing)
 
-    def replaying(self, routed: torch.Tensor, batch: Optional[dict] = None
+    def replaying(self, routed: torch.Tensor, batch: Optional[dict] = None, chunk: int = 0
                   ) -> contextlib.AbstractContextManager:
-        """Within: the forward of the micro-batch (schedule dict ``batch``; None: padded)
-        whose rows' routing is ``routed`` ``[B, S, L, k]`` routes through it."""
+        """Within: ``chunk``'s forward of the micro-batch (schedule dict ``batch``; None:
+        padded) whose rows' routing is ``routed`` ``[B, S, L, k]`` routes through it."""
         batch = batch or {}
         if ROW_MASK in batch:
             routed = packed_routing(routed, batch[ROW_MASK].cpu(), batch["input_ids"].shape[1])
-        if routed.shape[2] != sum(self.stage_layers):
+        if routed.shape[2] != self.layers:
             raise ValueError(f"{ROUTED_EXPERTS} holds {routed.shape[2]} MoE layers, the model "
-                             f"{sum(self.stage_layers)}")
-        routed = routed[:, :, self.first:self.first + len(self.replays)]  # this stage's
-        for layer, replay in enumerate(self.replays):
+                             f"{self.layers}")
+        replays = self.chunk_replays[chunk]
+        first = self.first[self.stage, chunk]
+        for layer, replay in enumerate(replays):
             # [B, S, k] -> this rank's slice of the sequence -> sequence-major [S*B, k]
-            tokens = routed[:, :, layer].transpose(0, 1)
+            tokens = routed[:, :, first + layer].transpose(0, 1)
             step = tokens.shape[0] // self.tp_size
             tokens = tokens[self.tp_rank * step:(self.tp_rank + 1) * step]
             replay.set_target_indices(tokens.reshape(-1, routed.shape[-1]).long())
-        return self._acting("REPLAY_FORWARD")
+        return self._acting("REPLAY_FORWARD", replays)
 
     def _whole_sequence(self, local: torch.Tensor) -> torch.Tensor:
         """``[S / TP, B, k]`` of this rank -> ``[S, B, k]`` (the TP ranks' slices in order)."""
@@ -129,36 +144,50 @@ class RoutingReplay:
         torch.distributed.all_gather(parts, local.contiguous(), group=self.tp_group)
         return torch.cat(parts)
 
-    def keep(self, routing: torch.Tensor) -> None:
-        """A forward-only pass's routing ``[B, S, this stage's layers, k]``, kept with every
-        stage's layers (collective over the pipeline stages)."""
-        if self.pp_group is not None:  # stages may hold different numbers of MoE layers
-            most = max(self.stage_layers)
-            mine = torch.nn.functional.pad(routing, (0, 0, 0, most - routing.shape[2]))
-            stages = [torch.empty_like(mine) for _ in self.stage_layers]
-            torch.distributed.all_gather(stages, mine.contiguous(), group=self.pp_group)
-            routing = torch.cat([part[:, :, :layers] for part, layers
-                                 in zip(stages, self.stage_layers, strict=True)], dim=2)
-        self._recorded = routing
+    def new_record(self) -> List[List[torch.Tensor]]:
+        """Where a forward-only pass records: one list of parts per chunk."""
+        return [[] for _ in self.chunk_replays]
+
+    def keep(self, parts: List[List[torch.Tensor]], rows: int,
+             restore: Optional[torch.Tensor] = None) -> None:
+        """A forward-only pass's routing (``rows`` rows, in plan order undone by
+        ``restore``) with every stage's layers (collective over the pipeline stages)."""
+        local = [torch.cat(chunk_parts)[:rows] for chunk_parts in parts]
+        if restore is not None:
+            local = [routing[restore] for routing in local]
+        pieces = {(self.stage, chunk): routing for chunk, routing in enumerate(local)}
+        if self.pp_group is not None:
+            for chunk, routing in enumerate(local):
+                # stages may hold different numbers of MoE layers: pad to the most
+                most = max(counts[chunk] for counts in self.table)
+                mine = torch.nn.functional.pad(routing, (0, 0, 0, most - routing.shape[2]))
+                stages = [torch.empty_like(mine) for _ in self.table]
+                torch.distributed.all_gather(stages, mine.contiguous(), group=self.pp_group)
+                for stage, part in enumerate(stages):
+                    pieces[stage, chunk] = part[:, :, :self.table[stage][chunk]]
+        self._recorded = torch.cat([pieces[key] for key in sorted(
+            pieces, key=lambda key: self.first[key])], dim=2)
 
     def take(self) -> Optional[torch.Tensor]:
         """The last forward-only pass's routing, ``[B, S, L, k]`` in the batch's row order."""
         routing, self._recorded = self._recorded, None
         return routing
 
-    def around_forward(self, parts: Optional[List[torch.Tensor]]) -> Any:
-        """``run_pipeline``'s ``around_forward``: each forward of a micro-batch records its
-        routing into ``parts`` (a forward-only pass), or replays the micro-batch's
-        ``routed_experts`` (an update)."""
+    def around_forward(self, parts: Optional[List[List[torch.Tensor]]]) -> Any:
+        """``run_pipeline``'s ``around_forward``: each chunk's forward of a micro-batch
+        records its routing into ``parts`` (a forward-only pass, :meth:`new_record`), or
+        replays the micro-batch's ``routed_experts`` (an update)."""
+        from siirl.engine.megatron.model import unwrap_model
 
         @contextlib.contextmanager
-        def around(batch: dict) -> Iterator[None]:
+        def around(batch: dict, module: torch.nn.Module) -> Iterator[None]:
+            chunk = self.chunk_of[id(unwrap_model(module))]
             if parts is not None:
-                with self.recording():
+                with self.recording(chunk):
                     yield
-                    self.record_micro_batch(batch, parts)
+                    self.record_micro_batch(batch, parts[chunk], chunk)
             elif ROUTED_EXPERTS in batch:
-                with self.replaying(batch[ROUTED_EXPERTS], batch):
+                with self.replaying(batch[ROUTED_EXPERTS], batch, chunk):
                     yield
             else:
                 yield
