@@ -52,7 +52,7 @@ def _peft_logits(model, batch):
 
 
 def lora_checks(family: str, targets, tmp_dir: str | None = None,
-                sequence_parallel: bool = False) -> None:
+                sequence_parallel: bool = False, hf=None) -> None:
     """Every check of the module doc at this process's TP size (assertions on every rank;
     the peft model, the same on every rank, is the reference)."""
     import torch.distributed as dist
@@ -64,7 +64,7 @@ def lora_checks(family: str, targets, tmp_dir: str | None = None,
     from siirl.engine.megatron.model import build_gpt_model, forward_logits
     from siirl.engine.megatron.sequence_parallel import sum_sequence_parallel_grads
 
-    hf = tiny_hf_model(family)
+    hf = tiny_hf_model(family) if hf is None else hf
     settings = LoraSettings(rank=4, alpha=8.0, targets=target_projections(targets))
     megatron = build_gpt_model(hf.config, sequence_parallel=sequence_parallel)
     load_hf_weights(megatron, hf.state_dict(), hf.config)
@@ -150,6 +150,28 @@ def lora_checks(family: str, targets, tmp_dir: str | None = None,
                                             ("qwen2", ["q_proj", "v_proj", "down_proj"])])
 def test_lora_matches_peft_at_tp1(family, targets, gloo_world_of_one, tmp_path):  # noqa: F811
     lora_checks(family, targets, str(tmp_path))
+
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_lora_on_a_mixture_of_experts_adapts_its_attention_like_peft(
+        family, gloo_world_of_one, tmp_path):  # noqa: F811
+    """On an MoE model the attention projections take adapters as on a dense one (the
+    experts stay frozen and whole); its MLP projections are refused at model build."""
+    from test_megatron_bridge_qwen3_moe import tiny_model
+
+    from siirl.engine.megatron import lora
+    from siirl.engine.megatron.model import build_gpt_model
+
+    lora_checks(family, ATTENTION, str(tmp_path), hf=tiny_model(family))
+    hf = tiny_model(family)
+    with pytest.raises(ConfigError, match="MLP projections .gate_proj, up_proj, down_proj. of "
+                                          "a mixture-of-experts model"):
+        lora.add_adapters(build_gpt_model(hf.config), hf.config,
+                          LoraSettings(rank=4, alpha=8.0, targets=target_projections(
+                              "all-linear")))
 
 
 def test_target_names_are_peft_names():

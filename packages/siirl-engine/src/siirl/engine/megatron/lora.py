@@ -182,12 +182,18 @@ def has_adapters(model: torch.nn.Module) -> bool:
     return bool(adapted_layers(model))
 
 
-def _check_layout(model: torch.nn.Module, hf_config) -> None:
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _check_layout(model: torch.nn.Module, hf_config, settings: LoraSettings) -> None:
     from siirl.engine.megatron.moe import is_moe
 
     problems = []
-    if is_moe(hf_config):
-        problems.append("mixture-of-experts layers (adapters on the experts are not built)")
+    mlp = [proj for proj in settings.targets if proj in MLP_PROJECTIONS]
+    if is_moe(hf_config) and mlp:  # the attention projections are adapted as on dense ones
+        problems.append(f"the MLP projections ({', '.join(mlp)}) of a mixture-of-experts "
+                        "model (adapters on the experts are not built; target_modules="
+                        "[q_proj,k_proj,v_proj,o_proj] adapts its attention)")
     if any(k.endswith("layer_norm_weight") for k in model.state_dict()):
         problems.append("Transformer Engine's fused norm+linear layers")
     if problems:
@@ -239,7 +245,7 @@ def add_adapters(model: torch.nn.Module, hf_config, settings: LoraSettings,
     the adapters are the same at any TP and PP size)."""
     from siirl.engine.megatron.model import unwrap_model
 
-    _check_layout(unwrap_model(model), hf_config)
+    _check_layout(unwrap_model(model), hf_config, settings)
     unwrap_model(model).requires_grad_(False)
     owners = _own_layers(model, hf_config)
     generator = torch.Generator().manual_seed(int(seed))
