@@ -241,7 +241,7 @@ def _pp_checks(family: str, targets, tmp_dir: str, one_stage: dict) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from peft import get_peft_model, set_peft_model_state_dict
-    from test_megatron_pp_gloo import MICRO, RESPONSE, logprob_tolerance
+    from test_megatron_pp_gloo import RESPONSE, logprob_tolerance, split_micro_batches
     from test_megatron_pp_gloo import _batch as response_batch
 
     from siirl.engine.megatron import lora, lora_state
@@ -255,11 +255,8 @@ def _pp_checks(family: str, targets, tmp_dir: str, one_stage: dict) -> None:
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
     settings = LoraSettings(rank=4, alpha=8.0, targets=target_projections(targets))
     input_ids, attention_mask, position_ids = batch = response_batch(hf.config.vocab_size)
-    rows = input_ids.shape[0] // MICRO
-    micro_batches = [{"input_ids": input_ids[i * rows:(i + 1) * rows],
-                      "attention_mask": attention_mask[i * rows:(i + 1) * rows],
-                      "position_ids": position_ids[i * rows:(i + 1) * rows]}
-                     for i in range(MICRO)]
+    micro_batches = split_micro_batches(input_ids, attention_mask, position_ids)
+    rows = micro_batches[0]["input_ids"].shape[0]
     response_mask = attention_mask[:, -RESPONSE:].float()
 
     def log_probs(model):  # forward only; on the last stage, else None

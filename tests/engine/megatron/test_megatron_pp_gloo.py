@@ -36,6 +36,14 @@ RESPONSE = 4
 MICRO = 2
 
 
+def split_micro_batches(input_ids, attention_mask, position_ids, count: int = MICRO) -> list:
+    """The rows as ``count`` equal schedule micro-batches."""
+    rows = input_ids.shape[0] // count
+    return [{"input_ids": input_ids[i * rows:(i + 1) * rows],
+             "attention_mask": attention_mask[i * rows:(i + 1) * rows],
+             "position_ids": position_ids[i * rows:(i + 1) * rows]} for i in range(count)]
+
+
 def _batch(vocab_size: int, seed: int = 3):
     """Four rows of 10 tokens: left-padded prompts, one response with a right pad."""
     gen = torch.Generator().manual_seed(seed)
@@ -73,11 +81,8 @@ def _check_family(family: str, rank: int) -> None:
     assert len(model_chunks(stage)) == vpp
 
     input_ids, attention_mask, position_ids = _batch(hf.config.vocab_size)
-    rows = input_ids.shape[0] // MICRO
-    micro_batches = [{"input_ids": input_ids[i * rows:(i + 1) * rows],
-                      "attention_mask": attention_mask[i * rows:(i + 1) * rows],
-                      "position_ids": position_ids[i * rows:(i + 1) * rows]}
-                     for i in range(MICRO)]
+    micro_batches = split_micro_batches(input_ids, attention_mask, position_ids)
+    rows = micro_batches[0]["input_ids"].shape[0]
     response_mask = attention_mask[:, -RESPONSE:].float()
     tokens = response_mask.sum()
 
