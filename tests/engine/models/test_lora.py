@@ -237,12 +237,13 @@ def test_target_modules_list_and_exclude_modules():
     (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"], False),
     (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron",
       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], False),
-    # the megatron LoRA: one pipeline stage, unsplit sequences; the reference is the actor's
+    # the megatron LoRA runs with pipeline stages and sequence parallelism; its reference is
+    # the actor's own model with the adapters off
     (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron",
-      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"], True),
+      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"], False),
     (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron",
       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-      "actor_rollout_ref.actor.megatron.sequence_parallel=true"], True),
+      "actor_rollout_ref.actor.megatron.sequence_parallel=true"], False),
     (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.ref.strategy=megatron"], True),
     (["critic.model.lora_rank=8"], True),
 ])

@@ -164,7 +164,8 @@ def _hook(module: torch.nn.Module, inputs: Tuple[Any, ...], output: Any) -> Any:
     return (out, bias) if isinstance(output, tuple) else out
 
 
-def _tp() -> Tuple[int, int]:
+def tp_layout() -> Tuple[int, int]:
+    """(this rank's tensor-parallel rank, the tensor-parallel size)."""
     from megatron.core import parallel_state as ps
 
     return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
@@ -275,7 +276,7 @@ def _adapters_of(weight: torch.Tensor, hf_config, settings: LoraSettings, suffix
 
     from siirl.engine.megatron.model import head_dim
 
-    tp_rank, tp = _tp()
+    tp_rank, tp = tp_layout()
     _, projections, kind = FUSED[suffix]
     groups = None
     if suffix.endswith("linear_qkv"):

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from siirl.engine.megatron.lora import FUSED, LoraSettings, _tp, adapted_layers, hf_name
+from siirl.engine.megatron.lora import FUSED, LoraSettings, adapted_layers, hf_name, tp_layout
 
 
 @torch.no_grad()
@@ -41,7 +41,7 @@ def merged_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
 def _gather(tensor: torch.Tensor, dim: int) -> torch.Tensor:
     from megatron.core import parallel_state as ps
 
-    _, tp = _tp()
+    _, tp = tp_layout()
     if tp == 1:
         return tensor.detach().clone()
     parts = [torch.empty_like(tensor) for _ in range(tp)]
@@ -92,7 +92,7 @@ def load_adapter_state(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -
     """Copy full (HF-keyed) adapters of the whole model into this rank's parts (its stage's
     layers, its TP part); names and shapes are checked first (a mismatch raises KeyError /
     ValueError naming the tensor). Collective over PP."""
-    tp_rank, tp = _tp()
+    tp_rank, tp = tp_layout()
     copies = []
     for linear, hf_dir, proj in _pairs(model):
         adapters = linear.lora
