@@ -135,11 +135,6 @@ def _actor_optimizer(cfg: SiiRLArguments, model: torch.nn.Module, group: Any, dp
             grad_averager(model, group, dp, tp_group, expert_groups()[0]))
 
 
-def _role_dtype(megatron_section: Any, key: str) -> torch.dtype:
-    """The role's ``megatron.dtype`` (each role reads its own section, as in verl)."""
-    return params_dtype(megatron_section.dtype, key)
-
-
 def dist_checkpoint(section: Any, key: str) -> Optional[Tuple[str, Optional[str]]]:
     """(key, path) of the megatron distributed checkpoint the role starts from, or None
     (its weights then come from the Hugging Face model)."""
@@ -177,8 +172,9 @@ def megatron_actor(config: Any, worker: Any = None) -> ActorEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     hf_model, tokenizer = load_policy(cfg)
-    dtype = _role_dtype(cfg.actor_rollout_ref.actor.megatron,
-                        "actor_rollout_ref.actor.megatron.dtype")
+    # each role reads its own section's dtype, as in verl
+    dtype = params_dtype(cfg.actor_rollout_ref.actor.megatron.dtype,
+                         "actor_rollout_ref.actor.megatron.dtype")
     start = dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     overrides = _overrides(cfg.actor_rollout_ref.actor.megatron, hf_model.config, ACTOR_KEY)
     replays = replay_settings(cfg, hf_model.config, overrides)
@@ -228,8 +224,8 @@ def megatron_reference(config: Any, worker: Any = None,
     start = dist_checkpoint(cfg.actor_rollout_ref.ref.megatron, "actor_rollout_ref.ref.megatron") \
         or dist_checkpoint(cfg.actor_rollout_ref.actor.megatron, ACTOR_KEY)
     model = build_megatron_model(hf_model, resolve_device(cfg), sequence_parallel(cfg),
-                                 _role_dtype(cfg.actor_rollout_ref.ref.megatron,
-                                             "actor_rollout_ref.ref.megatron.dtype"), start,
+                                 params_dtype(cfg.actor_rollout_ref.ref.megatron.dtype,
+                                              "actor_rollout_ref.ref.megatron.dtype"), start,
                                  _overrides(cfg.actor_rollout_ref.ref.megatron, hf_model.config,
                                             "actor_rollout_ref.ref.megatron"))
     model.requires_grad_(False)
@@ -251,7 +247,7 @@ def megatron_critic(config: Any, worker: Any = None) -> CriticEngine:
     init_megatron(cfg, run_seed(cfg))
     rank, dp, group, tp_group = _parallel_groups()
     lm, _ = load_model_and_tokenizer(cfg.critic.model, dtype=torch.float32)
-    dtype = _role_dtype(cfg.critic.megatron, "critic.megatron.dtype")
+    dtype = params_dtype(cfg.critic.megatron.dtype, "critic.megatron.dtype")
     # a distributed checkpoint (an LM's) gives the backbone; the value head starts from
     # its seeded init as with HF weights
     model = build_megatron_model(lm, resolve_device(cfg), sequence_parallel(cfg), dtype,
