@@ -18,9 +18,11 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
     ``config`` (the composed DictConfig, or a dict) is typed here, once: everything the
     job starts reads that ``SiiRLArguments``."""
     from siirl.dag_worker.checkpoint.storage import check_output_dir
+    from siirl.execution.dag import async_split
+    from siirl.execution.dag.async_split import is_async
     from siirl.execution.dag.planner import plan_graph
     from siirl.execution.dag.task_loader import load_pipeline
-    from siirl.execution.scheduler.launch import num_workers
+    from siirl.execution.scheduler.launch import num_workers, training_workers
     from siirl.execution.scheduler.task_scheduler import TaskScheduler, format_plan
     from siirl.launch.inputs import check_inputs
     from siirl.params.typed import to_typed
@@ -32,11 +34,17 @@ def run(config: Any, print_dag: bool = False) -> Optional[list]:
         if config.trainer.nnodes == 1:  # elsewhere: the workers' folder
             check_output_dir(config.trainer.default_local_dir)
     # the planner decides what of the workflow runs (what --print-dag shows is what runs)
-    graph = plan_graph(load_pipeline(config), config, num_workers(config))
-    plan = TaskScheduler(num_workers(config)).schedule(graph)
+    graph = plan_graph(load_pipeline(config), config, training_workers(config))
+    stream: List[str] = []
+    if is_async(config):  # the rollout and training sub-graphs on workers of their own
+        plan, stream = async_split.assignments(graph, config)
+    else:
+        plan = TaskScheduler(num_workers(config)).schedule(graph)
     if print_dag:
         print(graph.format())
         print(format_plan(plan))
+        for line in stream:
+            print(line)
         return None
     return start_workers(config, plan)
 

@@ -90,6 +90,13 @@ class WorkerProcess:
                          timeout)
         groups = ProcessGroupManager(self.rank, group_ranks, sorted(roles_needed(graph)),
                                      backend, timeout, sequence_parallel_sizes(self.config))
+        if self.config.async_training.enable:  # rollout and trainer workers apart
+            from siirl.dag_worker.async_training.entry import run_worker
+
+            history = run_worker(self.rank, graph, self.config, groups, backend, started_at,
+                                 built)
+            shutdown_distributed()
+            return history if self.rank == 0 else None
         comm = WorkerComm(self.rank, self.world_size, groups.world_control)
         worker = DAGWorker(graph, self.config, rank=groups.group_rank,
                            world_size=groups.group_size, comm=comm, process_groups=groups)

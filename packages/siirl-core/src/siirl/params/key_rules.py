@@ -28,6 +28,7 @@ from siirl.params.key_conditions import (
     no_dynamic_sampling_possible,
     remove_padding_off,
 )
+from siirl.params.async_rules import RULES as ASYNC_RULES
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
 from siirl.params.model_args import ActorArguments
 from siirl.params.reward_key_rules import REWARD_RULES
@@ -49,6 +50,7 @@ def _replay_refused(config, key: str) -> bool:
 
 RULES: Tuple[Rule, ...] = (
     *section_rules(),
+    *ASYNC_RULES,
     # -- algorithm
     refused("algorithm.use_pf_ppo", "pf-PPO is not implemented",
             "pf-PPO sample reweighting is not implemented; samples keep equal weights."),
@@ -84,6 +86,7 @@ RULES: Tuple[Rule, ...] = (
             "sampling (algorithm.filter_groups.enable=true); without it every step "
             "generates data.train_batch_size prompts: set that instead.",
             lambda config, key: no_dynamic_sampling(config, key) and
+            not get(config, "async_training.enable") and
             get(config, key) != get(config, "data.train_batch_size")),
     notice("data.return_raw_chat", "no effect: the raw chat is always kept",
            "every row keeps its chat messages (raw_prompt) whatever this says; multi-turn and "

@@ -4,6 +4,7 @@ composed one."""
 
 from dataclasses import dataclass, field
 
+from siirl.params.async_args import AsyncTrainingArguments, RolloutPoolArguments
 from siirl.params.dag_args import DagArguments
 from siirl.params.data_args import DataArguments
 from siirl.params.model_args import ActorRolloutRefArguments, CriticArguments
@@ -32,5 +33,7 @@ class SiiRLArguments:
     trainer: TrainerArguments = field(default_factory=TrainerArguments)
     dag: DagArguments = field(default_factory=DagArguments)
     profiler: ProfilerArguments = field(default_factory=ProfilerArguments)  # siiRL
+    async_training: AsyncTrainingArguments = field(default_factory=AsyncTrainingArguments)
+    rollout: RolloutPoolArguments = field(default_factory=RolloutPoolArguments)  # async pool
     # siirl-envs mounts custom_envs (AGENTIC environments by tag), the env manager and its
     # schedulers after it (siirl.environment.config.agentic)

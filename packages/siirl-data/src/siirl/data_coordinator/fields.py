@@ -29,6 +29,9 @@ REWARD_MODEL = "reward_model"  # non-tensor dict {ground_truth, ...}: verl's lay
 #                                custom loader keeps it; read if GROUND_TRUTH is absent
 
 # --- rollout (MODEL_INFERENCE / ROLLOUT): n rows per prompt ---------------------------
+# long [B]: the weight version (trainer step) of the policy that generated the row
+# (asynchronous training; absent otherwise)
+POLICY_VERSION = "policy_version"
 UID = "uid"  # non-tensor str: group id of the n samples of one prompt (str(sample_id))
 PROMPTS = "prompts"  # long [B, P]: the prompt part of input_ids
 RESPONSES = "responses"  # long [B, R]: generated tokens, pad after EOS

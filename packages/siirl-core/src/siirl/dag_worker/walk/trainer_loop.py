@@ -111,10 +111,15 @@ class Trainer:
         if state.get("dataloader") is not None and self.worker.train_loader is not None:
             self.worker.train_loader.load_state_dict(state["dataloader"])
         self.worker.load_algorithm_state(state.get("algorithm") or {})
+        self._restore_extra(state)
         set_rng_state(state["rng"])
         if self.worker.comm.is_chief:
             print(f"resumed from {path} at step {self.worker.global_step}", flush=True)
         return True
+
+    def _restore_extra(self, state: Dict[str, Any]) -> None:
+        """What a loop of another kind keeps in its checkpoints (asynchronous training:
+        its buffered prompt groups)."""
 
     def _reward_engine(self) -> Any:
         engines = getattr(self.worker, "engines", None)

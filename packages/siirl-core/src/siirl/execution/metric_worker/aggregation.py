@@ -38,6 +38,8 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("*/total", SUM),
     ("*/kept", SUM),
     ("perf/throughput", SUM),
+    ("async/stale_dropped", SUM),  # asynchronous training: each trainer's own counts
+    ("async/queue_depth", SUM),
     ("*tokens_per_s", SUM),
     ("databuffer/*/bytes_sent", SUM),
     ("databuffer/*/shared_bytes", SUM),

@@ -174,6 +174,21 @@ class StatefulDataLoader:
         self._epoch += 1
         self._batches_done = 0
 
+    def batch_of(self, sample_ids: Sequence[int]) -> TensorDict:
+        """The rows of ``sample_ids`` (ids this loader gave out: ``epoch * len(dataset) +
+        position``), as one batch, e.g. to generate a prompt again."""
+        rows = len(self.dataset)
+        orders: dict[int, list[int]] = {}
+        items = []
+        for sample_id in sample_ids:
+            epoch, position = divmod(int(sample_id), rows)
+            if epoch not in orders:
+                orders[epoch] = self._order(epoch)
+            items.append(self.dataset[orders[epoch][position]])
+        batch = collate_left_pad(items, self.pad_token_id)
+        batch.set(SAMPLE_ID, torch.tensor([int(i) for i in sample_ids], dtype=torch.long))
+        return batch
+
     def _positions(self, batch_index: int, epoch_rows: int) -> list[int]:
         """This rank's positions in the epoch's order for global batch ``batch_index``: its
         run of ``batch_size / mini_batches`` rows out of each chunk, chunk by chunk."""

@@ -1,0 +1,41 @@
+"""A worker process of an asynchronous run: its groups, its DAGWorker, its loop."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from siirl.dag_worker.async_training.groups import build_groups
+from siirl.dag_worker.async_training.shape import AsyncShape
+
+
+def run_worker(rank: int, graph: Any, config: Any, process_groups: Any, backend: str,
+               started_at: Optional[float], built: dict) -> Optional[list]:
+    """Train (trainer ranks) or generate (rollout ranks) to the end; trainer rank 0
+    returns the metric history."""
+    from siirl.dag_worker.async_training.rollout_side import AsyncRollout
+    from siirl.dag_worker.async_training.trainer_side import AsyncTrainer
+    from siirl.dag_worker.dagworker import DAGWorker
+    from siirl.dag_worker.walk.collective import WorkerComm
+    from siirl.dag_worker.walk.trainer_loop import configure_threads, seed_everything
+
+    shape = AsyncShape.of(config)
+    trainers = list(range(shape.trainers))
+    rollouts = list(range(shape.trainers, shape.trainers + shape.rollouts))
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+        else torch.device("cpu")
+    groups = build_groups(rank, trainers, rollouts, backend,
+                          float(config.trainer.dist_timeout_s), device)
+    # collectives of a side stay within its own workers
+    comm = WorkerComm(rank, process_groups.group_size, process_groups.control_group)
+    worker = DAGWorker(graph, config, rank=process_groups.group_rank,
+                       world_size=process_groups.group_size, comm=comm,
+                       process_groups=process_groups)
+    built["worker"] = worker
+    if groups.is_trainer:
+        return AsyncTrainer(worker, groups, shape, started_at=started_at).fit()
+    configure_threads(config)
+    seed_everything(config.trainer.seed)
+    AsyncRollout(worker, groups, shape).run()
+    return None

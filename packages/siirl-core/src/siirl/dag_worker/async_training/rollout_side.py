@@ -1,0 +1,185 @@
+"""What a rollout worker runs in an asynchronous run.
+
+It walks its sub-graph (rollout, reward) over its prompts, call after call, and streams
+each call's scored groups to the trainer workers (round robin by group), each row tagged
+with the policy version that generated it. Weights arrive on a thread of their own and
+are loaded between calls. Before each call it checks the freshness budget
+(``AsyncShape.outstanding_limit``): with that many prompts generated but not yet
+trained it waits for the next sync (``timing_s/wait_train``). A sync's notes say which
+prompts were trained (they leave the budget), which were dropped as stale (generated
+again first), whether to validate the new weights, and whether the run is over.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+
+from siirl.dag_worker.async_training import wire
+from siirl.dag_worker.async_training.prompt_ledger import PromptLedger
+from siirl.dag_worker.async_training.shape import AsyncShape
+from siirl.data_coordinator.fields import POLICY_VERSION, SAMPLE_ID, UID
+from siirl.data_coordinator.protocol import group_indices, select_rows
+
+
+class PromptFeed:
+    """Prompts to generate: those handed back first, then the loader's in order, without
+    the ones a resumed run has done already."""
+
+    def __init__(self, loader: Any, done: PromptLedger):
+        self.loader, self.done = loader, done
+        self.again: deque = deque()
+        start = done.first_missing()
+        rows = len(loader.dataset)
+        per_batch = loader.batch_size * loader.num_ranks
+        loader.load_state_dict({"epoch": start // rows, "seed": loader.seed,
+                                "batches_done": min((start % rows) // per_batch, len(loader))})
+        self._batches = self._forever()
+
+    def _forever(self) -> Iterator[Any]:
+        while True:
+            yield from self.loader
+
+    def next(self, count: int) -> Any:
+        if self.again:
+            ids = [self.again.popleft() for _ in range(min(count, len(self.again)))]
+            return self.loader.batch_of(ids)
+        while True:
+            batch = next(self._batches)
+            keep = [i for i, sample in enumerate(batch[SAMPLE_ID].tolist())
+                    if sample not in self.done]
+            if len(keep) == len(batch[SAMPLE_ID]):
+                return batch
+            if keep:
+                return select_rows(batch, keep)
+
+
+class WeightInbox:
+    """The weight syncs as they arrive (a thread blocked on the broadcast)."""
+
+    def __init__(self, weights: wire.WeightGroups):
+        self.items: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._receive, args=(weights,), daemon=True,
+                                        name="siirl-weights-in")
+        self._thread.start()
+
+    def _receive(self, weights: wire.WeightGroups) -> None:
+        try:
+            while True:
+                notes, buckets = weights.receive()
+                self.items.put((notes, buckets))
+                if notes.get("stop"):
+                    return
+        except BaseException as error:  # handed to the main thread, which raises it
+            self.items.put(error)
+
+    def get(self, block: bool) -> Optional[tuple]:
+        try:
+            item = self.items.get(block=block)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise RuntimeError("the weight sync from the trainer failed") from item
+        return item
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+class AsyncRollout:
+    def __init__(self, worker: Any, groups: Any, shape: AsyncShape):
+        self.worker, self.groups, self.shape = worker, groups, shape
+        self.version = 0
+        self.outstanding: Dict[int, int] = {}  # sample id -> version it was generated at
+        self.feed: Optional[PromptFeed] = None
+        self.waited = 0.0  # back-pressure since the last call's rows were sent
+        self.stop = False
+        self.sent_groups = 0
+
+    def run(self) -> None:
+        worker = self.worker
+        worker.setup()
+        engines = worker.engines
+        if "actor" in engines:  # its module is the rollout's copy, refreshed by the syncs
+            engines.get("actor").trains_module_in_place = False
+        inbox = WeightInbox(self.groups.weights)
+        first = inbox.get(block=True)
+        self._apply(*first)
+        self.feed = PromptFeed(worker.train_loader, PromptLedger(first[0].get("done", ())))
+        if first[0].get("validate"):
+            self._validate()
+        while not self.stop:
+            item = inbox.get(block=False)
+            if item is not None:
+                self._apply(*item)
+                if item[0].get("validate"):
+                    self._validate()
+                continue
+            if len(self.outstanding) + self.shape.per_call > self.shape.outstanding_limit:
+                start = time.perf_counter()
+                item = inbox.get(block=True)  # back-pressure: wait for the trainer
+                self.waited += time.perf_counter() - start
+                self._apply(*item)
+                if item[0].get("validate"):
+                    self._validate()
+                continue
+            self._generate_and_send()
+        for trainer in self.groups.trainers:
+            wire.send_message(wire.END, None, trainer, self.groups.pairs[(self.groups.rank,
+                                                                         trainer)])
+        inbox.join()
+
+    def _apply(self, notes: dict, buckets: List[Any]) -> None:
+        if buckets:
+            self.worker.engines.get("rollout").load_weights(buckets)
+        self.version = int(notes["version"])
+        for sample_id in notes.get("trained", ()):
+            self.outstanding.pop(int(sample_id), None)
+        for sample_id in notes.get("dropped", ()):
+            if self.outstanding.pop(int(sample_id), None) is not None:
+                self.feed.again.append(int(sample_id)) if self.feed is not None else None
+        self.stop = bool(notes.get("stop"))
+
+    def _validate(self) -> None:
+        from siirl.dag_worker.walk.validator import validate
+
+        worker = self.worker
+        if worker.val_loader is None or not worker.can_validate():
+            return
+        start = time.perf_counter()
+        worker.global_step = self.version
+        metrics = validate(worker, worker.val_loader)
+        if metrics:
+            metrics["timing_s/validation"] = time.perf_counter() - start
+        trainer = self.groups.trainers[0]
+        wire.send_message(wire.VALIDATION, {"step": self.version, "metrics": metrics},
+                          trainer, self.groups.pairs[(self.groups.rank, trainer)])
+
+    def _generate_and_send(self) -> None:
+        worker = self.worker
+        prompts = self.feed.next(self.shape.per_call)
+        version = self.version
+        for sample_id in prompts[SAMPLE_ID].tolist():
+            self.outstanding[int(sample_id)] = version
+        worker.global_step = version  # rollout noise is keyed by the step
+        result = worker.execute_task_graph(prompts)
+        rows = next(iter(result.outputs.values())).batch
+        rows.set(POLICY_VERSION, torch.full((rows.batch_size[0],), version, dtype=torch.long))
+        metrics = {k: float(v) for k, v in result.metrics.items() if k != "timing_s/step"}
+        metrics["timing_s/wait_train"] = self.waited
+        self.waited = 0.0
+        trainers = self.groups.trainers
+        shares: List[List[int]] = [[] for _ in trainers]
+        for index in group_indices(rows, UID).values():
+            shares[self.sent_groups % len(trainers)].extend(index)
+            self.sent_groups += 1
+        for trainer, index in zip(trainers, shares, strict=True):
+            if index:
+                part = rows if len(index) == rows.batch_size[0] else select_rows(rows, index)
+                wire.send_message(wire.ROWS, {"rows": part, "metrics": metrics}, trainer,
+                                  self.groups.pairs[(self.groups.rank, trainer)])

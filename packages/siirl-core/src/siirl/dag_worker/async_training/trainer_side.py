@@ -1,0 +1,218 @@
+"""What a trainer worker runs in an asynchronous run: the usual training loop (resume,
+steps, logging, checkpoints: ``trainer_loop.Trainer``), fed by the rollout workers'
+stream instead of a dataloader, and syncing its weights to them every
+``async_training.trigger_parameter_sync_step`` steps.
+
+A step takes its share of prompt groups from the queue (waiting for the rollout:
+``timing_s/wait_rollout``), drops the groups beyond the staleness bound (their prompts
+are generated again: ``async/stale_dropped``), trains on the rest and logs the policy
+lag of what it trained (``async/policy_lag/mean|max``). ``timing_s/step`` is the wall
+time between two consecutive steps' ends. Checkpoints also hold the queued groups and
+which prompts are done, so a resumed run trains every prompt exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List
+
+from siirl.dag_worker.async_training import wire
+from siirl.dag_worker.async_training.group_queue import GroupQueue, batch_of, split_groups
+from siirl.dag_worker.async_training.prompt_ledger import PromptLedger
+from siirl.dag_worker.async_training.prompt_record import PromptRecord
+from siirl.dag_worker.async_training.shape import AsyncShape
+from siirl.dag_worker.walk import startup
+from siirl.dag_worker.walk.console import Progress
+from siirl.dag_worker.walk.quiet_libraries import QuietLibraries
+from siirl.dag_worker.walk.step_budget import StepBudget
+from siirl.dag_worker.walk.step_health import StepHealth
+from siirl.dag_worker.walk.tracking import Tracking, build_tracking
+from siirl.dag_worker.walk.trainer_loop import Trainer, _due
+from siirl.dag_worker.walk.weight_sync import bucket_bytes_of
+
+# summed over the rollout calls a step trains from, not averaged
+SUMMED = ("timing_s/wait_train",)
+
+
+class AsyncTrainer(Trainer):
+    def __init__(self, worker: Any, groups: Any, shape: AsyncShape, started_at: Any = None):
+        super().__init__(worker, started_at)
+        self.groups, self.shape = groups, shape
+        self.queue = GroupQueue()
+        self.ledger = PromptLedger()  # prompts trained so far
+        self.trained: List[int] = []  # since the last sync
+        self.dropped: List[int] = []
+        self.validations: List[dict] = []
+        self._receivers: List[threading.Thread] = []
+        self._last_val = -1
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def _trainer_state(self) -> Dict[str, Any]:
+        state = super()._trainer_state()
+        state["async"] = {"queue": self.queue.state(), "trained": self.ledger.state()}
+        return state
+
+    def _restore_extra(self, state: Dict[str, Any]) -> None:
+        saved = state.get("async") or {}
+        self.ledger = PromptLedger(saved.get("trained", ()))
+        self.queue.load(saved.get("queue", []))
+
+    # -- the stream in -----------------------------------------------------------------
+    def _receive(self, rollout: int) -> None:
+        group = self.groups.pairs[(rollout, self.groups.rank)]
+        try:
+            while True:
+                kind, payload = wire.recv_message(rollout, group)
+                if kind == wire.END:
+                    self.queue.close_one()
+                    return
+                if kind == wire.VALIDATION:
+                    self.validations.append(payload)
+                else:
+                    self.queue.put(split_groups(payload["rows"], payload["metrics"]))
+        except BaseException as error:
+            self.queue.fail(error)
+
+    def _start_receivers(self) -> None:
+        for rollout in self.groups.rollouts:
+            thread = threading.Thread(target=self._receive, args=(rollout,), daemon=True,
+                                      name=f"siirl-rows-from-{rollout}")
+            thread.start()
+            self._receivers.append(thread)
+
+    # -- the weights out ---------------------------------------------------------------
+    def _validation_due(self, step: int, last: bool) -> bool:
+        freq = int(self.config.trainer.test_freq or -1)
+        if freq <= 0:
+            return False
+        due = last or step // freq > max(self._last_val, 0) // freq
+        if due:
+            self._last_val = step
+        return due
+
+    def _sync(self, *, validate: bool, stop: bool, first: bool = False) -> Dict[str, float]:
+        comm = self.worker.comm
+        start = time.perf_counter()
+        trained = [i for part in comm.all_gather(self.trained) for i in part]
+        dropped = [i for part in comm.all_gather(self.dropped) for i in part]
+        self.trained, self.dropped = [], []
+        notes = {"version": self.worker.global_step, "trained": trained, "dropped": dropped,
+                 "validate": validate, "stop": stop}
+        if first:  # a resumed run: the prompts trained or waiting in a queue are done
+            done = self.ledger
+            for part in comm.all_gather(self.queue.sample_ids()):
+                done = done.union(PromptLedger((i, i + 1) for i in part))
+            done = PromptLedger(r for part in comm.all_gather(done.state()) for r in part)
+            notes["done"] = done.state()
+        buckets = self.worker.engines.get("actor").export_weights(bucket_bytes_of(self.config))
+        if self.groups.weights is not None:
+            sent = self.groups.weights.send(buckets, notes)
+        else:  # the export is collective over the trainers; rank 0 alone sends
+            sent = sum(0 for _ in buckets)
+        return {"timing_s/weight_sync": time.perf_counter() - start,
+                "weight_sync/bytes": float(sent)}
+
+    # -- the loop ----------------------------------------------------------------------
+    def _step_metrics(self, fresh: List[Any], stale: List[Any], waited: float) -> Dict:
+        metrics: Dict[str, float] = {}
+        calls = {id(g.metrics): g.metrics for g in fresh}
+        for name in {k for m in calls.values() for k in m}:
+            values = [float(m[name]) for m in calls.values() if name in m]
+            metrics[name] = sum(values) if name in SUMMED else sum(values) / len(values)
+        lags = [self.worker.global_step - g.version for g in fresh]
+        metrics.update({"async/policy_lag/mean": sum(lags) / len(lags),
+                        "async/policy_lag/max": float(max(lags)),
+                        "async/stale_dropped": float(len(stale)),
+                        "async/queue_depth": float(len(self.queue)),
+                        "timing_s/wait_rollout": waited})
+        return metrics
+
+    def _log_validations(self, tracking: Tracking, history: list) -> None:
+        while self.validations:
+            found = self.validations.pop(0)
+            if found["metrics"]:
+                tracking.log(found["step"], found["metrics"])
+                history.append({"step": found["step"], **found["metrics"]})
+
+    def _fit(self, quiet: QuietLibraries) -> list:
+        set_up = time.perf_counter()
+        worker, config, comm = self.worker, self.config, self.worker.comm
+        worker.setup()
+        quiet.watch_loggers()
+        budget = StepBudget.of(config, len(worker.train_loader))
+        steps = budget.steps
+        worker.set_total_training_steps(steps)
+        resumed = self._maybe_resume()
+        if comm.is_chief:
+            at_step = worker.global_step
+            notice = budget.finished_notice(at_step) if resumed and at_step >= steps \
+                else budget.capped_notice()
+            if notice:
+                print(notice, flush=True)
+        startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
+        startup.settle()
+        keep = worker.global_step if resumed else -1
+        tracking = build_tracking(config, keep_through=keep,
+                                  custom_metrics=worker.metrics.custom_names) \
+            if comm.is_chief else Tracking([])
+        record = PromptRecord(config.trainer.default_local_dir, keep, comm.is_chief)
+        history: list = []
+        progress = None
+        health = StepHealth(config, self._reward_engine, chief=comm.is_chief)
+        pad = getattr(worker.tokenizer, "pad_token_id", None) or 0
+        self._start_receivers()
+        try:
+            self._last_val = worker.global_step
+            self._sync(validate=bool(config.trainer.val_before_train) and not resumed
+                       and worker.global_step < steps, stop=worker.global_step >= steps,
+                       first=True)
+            progress = Progress(steps, worker.global_step, enabled=comm.is_chief)
+            last_end = time.perf_counter()
+            while worker.global_step < steps:
+                fresh, stale, waited = self.queue.take(
+                    self.shape.trainer_share, worker.global_step, self.shape.max_lag,
+                    len(self.groups.rollouts))
+                self.dropped += [g.sample_id for g in stale]
+                metrics = self._step_metrics(fresh, stale, waited)
+                with worker.profiler.step(worker.global_step + 1):
+                    result = worker.execute_task_graph(batch_of(fresh, pad))
+                worker.global_step += 1
+                step = worker.global_step
+                ids = [g.sample_id for g in fresh]
+                self.trained += ids
+                self.ledger.add(ids)
+                metrics.update(result.metrics)
+                last = step == steps
+                if step % self.shape.sync_every == 0 or last:
+                    metrics.update(self._sync(validate=self._validation_due(step, last),
+                                              stop=last))
+                end = time.perf_counter()
+                metrics["timing_s/step"], last_end = end - last_end, end
+                if startup_metrics:
+                    startup_metrics["timing_s/to_first_step"] = time.time() - self.started_at
+                    metrics.update(startup_metrics)
+                    startup_metrics = {}
+                metrics = comm.reduce_metrics(metrics)
+                record.write(step, [i for part in comm.all_gather(ids) for i in part])
+                health.count_skipped(step, metrics)
+                progress.update()
+                tracking.log(step, metrics)
+                history.append({"step": step, **metrics})
+                self._log_validations(tracking, history)
+                health.check_rewards(metrics)
+                if _due(step, config.trainer.save_freq, last):
+                    self.checkpoints.save(step, self._stateful_engines(),
+                                          self._trainer_state(), comm, final=last)
+                if comm.is_chief:
+                    quiet.announce()
+            for thread in self._receivers:  # each ends at its rollout worker's END
+                thread.join()
+            self._log_validations(tracking, history)
+            health.summary()
+        finally:
+            if progress is not None:
+                progress.close()
+            tracking.close()
+            record.close()
+        return history

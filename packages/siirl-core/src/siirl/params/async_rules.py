@@ -1,0 +1,64 @@
+"""Key rules of asynchronous training (``async_training.*``, the rollout pool ``rollout.*``):
+what this release does not do yet, and the keys that act only with
+``async_training.enable=true``."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+from siirl.params.key_conditions import get
+from siirl.params.key_rule_kinds import Rule, notice, refused
+
+ENABLE = "async_training.enable"
+
+
+def _off(config: Any, key: str) -> bool:
+    return not get(config, ENABLE)
+
+
+def _on(config: Any, key: str) -> bool:
+    return bool(get(config, ENABLE))
+
+
+def _set_on(config: Any, key: str) -> bool:
+    return _on(config, key) and bool(get(config, key))
+
+
+def _pool_on(config: Any, key: str) -> bool:
+    return _on(config, key) and int(get(config, key) or 1) > 1
+
+
+def _step_differs(config: Any, key: str) -> bool:
+    step = int(get(config, "async_training.require_batches") or 1) * \
+        int(get(config, "actor_rollout_ref.actor.ppo_mini_batch_size") or 0)
+    return _on(config, key) and int(get(config, key) or 0) != step
+
+
+def _several_nodes(config: Any, key: str) -> bool:
+    return _on(config, key) and int(get(config, key) or 1) > 1
+
+
+RULES: Tuple[Rule, ...] = (
+    notice(("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
+            "async_training.require_batches", "async_training.partial_rollout",
+            "rollout.nnodes", "rollout.n_gpus_per_node"),
+           "no effect without async_training.enable",
+           "asynchronous training is off (async_training.enable=false): rollout and training "
+           "take turns on every worker.", _off),
+    refused("async_training.partial_rollout", "partial rollouts are not implemented yet",
+            "in-flight generations finish under the weights they started with; a weight sync "
+            "waits for the current generation call (keep data.gen_batch_size small to keep "
+            "that wait short).", _set_on),
+    refused("rollout.n_gpus_per_node", "one rollout worker for now",
+            "an asynchronous run has one rollout worker in this release (its generation "
+            "calls are not coordinated with a second one's yet): set rollout.n_gpus_per_node=1 "
+            "and give the other devices to the trainer (trainer.n_gpus_per_node).", _pool_on),
+    refused(("rollout.nnodes", "trainer.nnodes"), "one node for now",
+            "an asynchronous run places its trainer and rollout workers on one node in this "
+            "release: set trainer.nnodes=1 and rollout.nnodes=1.", _several_nodes),
+    refused("data.train_batch_size", "a step is require_batches mini-batches",
+            "with async_training.enable=true a trainer step trains async_training."
+            "require_batches x actor_rollout_ref.actor.ppo_mini_batch_size prompts (verl's "
+            "meaning); set data.train_batch_size to that product (verl ignores it).",
+            _step_differs),
+)
