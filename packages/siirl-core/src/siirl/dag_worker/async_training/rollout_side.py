@@ -166,7 +166,9 @@ class AsyncRollout:
         version = self.version
         for sample_id in prompts[SAMPLE_ID].tolist():
             self.outstanding[int(sample_id)] = version
-        worker.global_step = version  # rollout noise is keyed by the step
+        # rollout noise is keyed by the step: that of a synchronous run training these
+        # samples with these weights (at lag 0 the two runs draw the same samples)
+        worker.global_step = version + 1
         result = worker.execute_task_graph(prompts)
         rows = next(iter(result.outputs.values())).batch
         rows.set(POLICY_VERSION, torch.full((rows.batch_size[0],), version, dtype=torch.long))

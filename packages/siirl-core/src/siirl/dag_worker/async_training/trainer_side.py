@@ -168,7 +168,7 @@ class AsyncTrainer(Trainer):
                        and worker.global_step < steps, stop=worker.global_step >= steps,
                        first=True)
             progress = Progress(steps, worker.global_step, enabled=comm.is_chief)
-            last_end = time.perf_counter()
+            last_end = loop_start = time.perf_counter()
             while worker.global_step < steps:
                 fresh, stale, waited = self.queue.take(
                     self.shape.trainer_share, worker.global_step, self.shape.max_lag,
@@ -189,6 +189,7 @@ class AsyncTrainer(Trainer):
                                               stop=last))
                 end = time.perf_counter()
                 metrics["timing_s/step"], last_end = end - last_end, end
+                metrics["timing_s/wall"] = end - loop_start
                 if startup_metrics:
                     startup_metrics["timing_s/to_first_step"] = time.time() - self.started_at
                     metrics.update(startup_metrics)

@@ -212,6 +212,7 @@ class Trainer:
             # a bar on a terminal only: redirected output gets whole lines, no \r
             progress = Progress(steps, self.worker.global_step, enabled=comm.is_chief)
             batches = self._batches()
+            loop_start = time.perf_counter()
             while self.worker.global_step < steps:
                 self.worker.global_step += 1
                 step = self.worker.global_step
@@ -223,6 +224,8 @@ class Trainer:
                 last_batch = next(iter(result.outputs.values())).batch if result.outputs \
                     else None
                 metrics.update(_throughput(last_batch, time.perf_counter() - start))
+                # wall clock since the loop started: steps per second, curves against time
+                metrics["timing_s/wall"] = time.perf_counter() - loop_start
                 if startup_metrics:  # this process's first step
                     startup_metrics["timing_s/to_first_step"] = time.time() - self.started_at
                     metrics.update(startup_metrics)
