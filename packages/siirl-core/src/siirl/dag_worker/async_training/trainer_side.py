@@ -175,10 +175,10 @@ class AsyncTrainer(Trainer):
                     len(self.groups.rollouts))
                 self.dropped += [g.sample_id for g in stale]
                 metrics = self._step_metrics(fresh, stale, waited)
-                with worker.profiler.step(worker.global_step + 1):
-                    result = worker.execute_task_graph(batch_of(fresh, pad))
-                worker.global_step += 1
+                worker.global_step += 1  # nodes read the step they run in (as synchronously)
                 step = worker.global_step
+                with worker.profiler.step(step):
+                    result = worker.execute_task_graph(batch_of(fresh, pad))
                 ids = [g.sample_id for g in fresh]
                 self.trained += ids
                 self.ledger.add(ids)
