@@ -69,6 +69,8 @@ CONTEXTS = {
     "embodied rewards": ["reward_model.reward_manager=embodied", "reward_model.enable=true"],
     "vllm, clip-cov loss": ["actor_rollout_ref.rollout.name=vllm",
                             "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"],
+    # asynchronous training's layouts and modes not built yet
+    "async": ["async_training.enable=true", "trainer.device=cpu"],
 }
 
 
