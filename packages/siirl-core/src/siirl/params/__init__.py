@@ -87,6 +87,7 @@ __all__ = [
     "RewardModelArguments",
     "RewardModelProfilerArguments",
     "RolloutArguments",
+    "RolloutCorrectionArguments",
     "RouterReplayArguments",
     "SamplerArguments",
     "SandboxFusionArguments",

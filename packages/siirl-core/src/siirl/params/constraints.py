@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional
 from siirl.errors import ConfigError
 from siirl.params.key_paths import value_at
 from siirl.params.mini_batch_layout import critic_trains, mini_batch_share_problems
+from siirl.params.rollout_correction import rollout_correction_problems
 from siirl.params.run_shape import size as _size
 from siirl.params.run_shape import workers as _workers
 from siirl.params.run_shape import workers_text as _workers_text
@@ -148,6 +149,11 @@ def _resume_path_given(config: Any) -> List[str]:
     return []
 
 
+def _rollout_rs_thresholds(config: Any) -> List[str]:
+    section = _get(config, "algorithm.rollout_correction")
+    return rollout_correction_problems(section) if section is not None else []
+
+
 CHECKS: List[Callable[[Any], List[str]]] = [
     _batch_splits_over_workers,
     _rollout_parallel_fits,
@@ -161,6 +167,7 @@ CHECKS: List[Callable[[Any], List[str]]] = [
              "algorithm.embodied_sampling.accuracy_upper_bound",
              "the success rates a task group may have to be kept"),
     _resume_path_given,
+    _rollout_rs_thresholds,
     logger_problems,
 ]
 

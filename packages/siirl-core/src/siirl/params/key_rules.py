@@ -32,6 +32,7 @@ from siirl.params.async_rules import RULES as ASYNC_RULES
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
 from siirl.params.model_args import ActorArguments
 from siirl.params.reward_key_rules import REWARD_RULES
+from siirl.params.rollout_correction_rules import RULES as ROLLOUT_CORRECTION_RULES
 from siirl.params.sections import actor_module_rollout, section_rules
 
 # the rule types are imported from here as well
@@ -68,6 +69,7 @@ RULES: Tuple[Rule, ...] = (
     notice("algorithm.embodied_sampling.*", "no effect outside the EMBODIED workflow",
            "embodied_sampling is read by the EMBODIED workflow (algorithm.workflow_type=EMBODIED).",
            builtin_workflow_is_not("EMBODIED")),
+    *ROLLOUT_CORRECTION_RULES,
     # -- data
     refused("data.tokenizer", "prompts use the model's tokenizer",
             "prompts are tokenized with the policy's tokenizer (actor_rollout_ref.model.path); "
@@ -214,9 +216,6 @@ RULES: Tuple[Rule, ...] = (
     refused(f"{ROLLOUT}.use_fire_sampling", "FIRE sampling is not implemented",
             "FIRE sampling is not implemented; the rollouts sample with temperature, top_k "
             "and top_p."),
-    notice(f"{ROLLOUT}.calculate_log_probs", "no effect with the hf rollout",
-           "the hf rollout samples with the training module itself, so its log-probs are the "
-           "old_log_prob node's.", actor_module_rollout),
     # -- critic
     refused("critic.enable", "the workflow decides whether a critic runs",
             "the built-in workflows run a critic exactly for algorithm.adv_estimator=gae "

@@ -7,6 +7,7 @@ Key names and defaults follow verl's ``ppo_trainer.yaml`` (plus DAPO's
 from dataclasses import dataclass, field
 
 from siirl.params.listed_names import algorithm_registry
+from siirl.params.rollout_correction import RolloutCorrectionArguments
 
 # The values of trainer.device (auto: CUDA where the worker sees a GPU, else the CPU):
 # siirl.execution.device resolves them, the validation pass (value_rules) checks them.
@@ -86,6 +87,8 @@ class AlgorithmArguments:
         default_factory=EmbodiedSamplingArguments)
     use_pf_ppo: bool = False
     pf_ppo: PFPPOArguments = field(default_factory=PFPPOArguments)
+    rollout_correction: RolloutCorrectionArguments = field(
+        default_factory=RolloutCorrectionArguments)
 
 
 @dataclass

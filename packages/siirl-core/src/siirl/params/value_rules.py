@@ -22,6 +22,7 @@ import ipaddress
 import math
 from typing import Any, Callable, Collection, Tuple, Union
 
+from siirl.params.rollout_correction import IS_LEVELS, LOSS_TYPES, RS_OPTIONS, rs_options
 from siirl.params.sections import installed_names
 from siirl.params.training_args import DEVICES
 
@@ -114,6 +115,14 @@ def _betas(value: Any) -> bool:
         all(finite(b) and 0 <= b < 1 for b in value)
 
 
+def _rs_criteria(value: Any) -> bool:
+    try:
+        rs_options(value)
+    except ValueError:
+        return False
+    return True
+
+
 A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "critic"
 
 RULES: Tuple[ValueRule, ...] = (
@@ -162,12 +171,18 @@ RULES: Tuple[ValueRule, ...] = (
               "trainer.heartbeat_timeout_s", "trainer.ray_connect_timeout_s",
               "reward_model.step_timeout_s")),
     above(1, f"{A}.clip_ratio_c", " (the dual-clip bound on negative advantages)"),
+    above(0, "algorithm.rollout_correction.rollout_is_threshold",
+          " (the importance weights' truncation)"),
     # -- closed sets of names
     one_of(("error", "left", "right"), "data.truncation"),
     one_of(("auto", "disable", "resume_path"), "trainer.resume_mode"),
     one_of(DEVICES, "trainer.device"),
     one_of(_lr_schedules, ("*.optim.warmup_style", "*.optim.lr_scheduler_type")),
     one_of(("error", "warn"), "algorithm.filter_groups.on_exhausted"),
+    one_of(IS_LEVELS, "algorithm.rollout_correction.rollout_is"),
+    one_of(LOSS_TYPES, "algorithm.rollout_correction.loss_type"),
+    _rule("algorithm.rollout_correction.rollout_rs", _rs_criteria,
+          "must be comma-separated criteria, each of " + ", ".join(RS_OPTIONS)),
     one_of(("discriminative", "generative"), "reward_model.style"),
     one_of(("register", "importlib"), "reward_manager.source"),
     # -- keys typed Any in the schema

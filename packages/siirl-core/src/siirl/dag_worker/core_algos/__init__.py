@@ -14,6 +14,9 @@ Modules:
 - ``value``: ``compute_value_loss`` (clipped critic loss).
 - ``kl``: ``kl_penalty`` estimators, ``FixedKLController`` / ``AdaptiveKLController`` /
   ``get_kl_controller``, ``apply_kl_penalty``.
+- ``rollout_correction``: verl's rollout correction (importance weights, rejection of
+  tokens or sequences, bypass mode's REINFORCE loss); its metrics in
+  ``rollout_correction_metrics``.
 - ``common``: masked statistics and prompt grouping.
 - ``batch_reduction``: sums over every worker's rows for the statistics that span the
   batch (``LOCAL``: this process's rows are the whole batch).

@@ -168,11 +168,23 @@ def _agent_on_policy(graph: TaskGraph, cfg: Any, workers: int, group: int) -> bo
     return _on_policy_update(agent_cfg, workers)
 
 
+BYPASS_REASON = ("algorithm.rollout_correction.bypass_mode=true: the actor's update takes "
+                 "the rollout's log-probs (rollout_log_probs) as the old log-probs")
+
+
+def _rollout_log_probs_are_old(cfg: Any) -> bool:
+    """verl's bypass mode: the update reads the rollout's log-probs instead (only where a
+    siiRL update of the actor is there to read them)."""
+    return bool(cfg.algorithm.rollout_correction.bypass_mode)
+
+
 def _old_log_prob_decision(graph: TaskGraph, cfg: Any, workers: int) -> Dict[int, str]:
     """The agent groups whose old-log-prob nodes are left out, with the reason."""
     if cfg.algorithm.use_kl_in_reward:
         return {}  # the KL penalty reads them before the update
     groups = sorted({node.agent_group for node in graph.nodes.values()})
+    if _rollout_log_probs_are_old(cfg) and any(_siirl_updates(graph, g) for g in groups):
+        return {group: BYPASS_REASON for group in groups if _siirl_updates(graph, group)}
     if len(groups) > 1:  # each agent's update has its own settings
         return {group: ON_POLICY_REASON for group in groups
                 if _agent_on_policy(graph, cfg, workers, group)}

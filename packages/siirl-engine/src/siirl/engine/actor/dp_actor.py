@@ -15,6 +15,17 @@ mini-batch loss, independent of the micro-batch size and of the data-parallel sp
 ratio verl uses). Loss metrics (``actor/pg_loss``, ``actor/kl_loss``, ...) are weighted the
 same way and summed over ranks, so they are the mini-batch's loss as one process would
 compute it on the whole batch, whatever the data-parallel split.
+
+Rollout correction (``algorithm.rollout_correction``, ``core_algos.rollout_correction``):
+in decoupled mode the weights and the rejection are computed once per batch, before the
+update, from the old log-probs against ``rollout_log_probs`` (so the update does not take
+its old log-probs from its own first forward); the rejected tokens leave the response mask
+and each token's advantage is multiplied by its weight, which for the losses allowed with
+weights (``WEIGHTED_LOSSES``: loss positively homogeneous in the advantage) is verl's
+weighted per-token loss. In bypass mode the rollout's log-probs are the old log-probs and
+every micro-batch compares the current policy with them (verl's ``bypass_mode`` loss); the
+loss of the tokens kept is still normalised by the mini-batch's units before rejection, as
+verl's global token and sequence counts are.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from siirl.dag_worker.core_algos import (
     masked_mean,
     tis_weights,
 )
+from siirl.dag_worker.core_algos.rollout_correction import IS_WEIGHTS, correct, reinforce_loss
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
     OLD_LOG_PROBS,
@@ -58,6 +70,7 @@ from siirl.engine.common.ppo_update import (
     forward_rows,
 )
 from siirl.params import ActorArguments
+from siirl.params.rollout_correction import RolloutCorrectionArguments
 
 UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, OLD_LOG_PROBS, ADVANTAGES)
 
@@ -70,8 +83,10 @@ class PolicyLoss:
     loss of one actor config, as a :class:`~siirl.engine.common.ppo_update.MiniBatchLoss`."""
 
     def __init__(self, cfg: ActorArguments, world_size: int, group: Any,
-                 on_policy: bool = False):
+                 on_policy: bool = False,
+                 correction: Optional[RolloutCorrectionArguments] = None):
         self.cfg = cfg
+        self.correction = correction or RolloutCorrectionArguments()
         # the old log-probs are the update's own first forward, detached (see
         # DataParallelPPOActor.on_policy)
         self.on_policy = on_policy
@@ -97,16 +112,26 @@ class PolicyLoss:
 
         def loss_of(micro_batch: Any, outputs: Dict[str, torch.Tensor]) -> torch.Tensor:
             log_prob, entropy = outputs["log_probs"], outputs["entropy"]
+            correction_metrics: Dict[str, float] = {}
             mask = micro_batch[RESPONSE_MASK].float()
-            old_log_prob = (log_prob.detach() if self.on_policy
-                            else micro_batch[OLD_LOG_PROBS])
+            if self.correction.bypass_mode:
+                old_log_prob = micro_batch[ROLLOUT_LOG_PROBS]
+            else:
+                old_log_prob = (log_prob.detach() if self.on_policy
+                                else micro_batch[OLD_LOG_PROBS])
+            advantages = micro_batch[ADVANTAGES]
+            if IS_WEIGHTS in micro_batch.keys():  # decoupled mode's weights (w >= 0)
+                advantages = advantages * micro_batch[IS_WEIGHTS]
             tis = {}
             if self.tis_cap > 0:  # the engine that sampled against the trainer's old policy
                 tis = {"rollout_log_probs": micro_batch[ROLLOUT_LOG_PROBS]}
-            pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
-                old_log_prob=old_log_prob, log_prob=log_prob,
-                advantages=micro_batch[ADVANTAGES], response_mask=mask,
-                loss_agg_mode=mode, config=self.cfg, **tis)
+            if self.correction.bypass_mode:
+                pg_loss, clipfrac, ppo_kl, clipfrac_lower = self._bypass_loss(
+                    log_prob, old_log_prob, advantages, mask, correction_metrics)
+            else:
+                pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
+                    old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                    response_mask=mask, loss_agg_mode=mode, config=self.cfg, **tis)
             if self.entropy_coeff:
                 entropy_loss = agg_loss(entropy, mask, mode)
                 loss = pg_loss - self.entropy_coeff * entropy_loss
@@ -146,9 +171,36 @@ class PolicyLoss:
                     fraction_weight
                 totals["actor/tis_capped_frac"] += float(masked_mean(
                     (weights < ratio).to(mask.dtype), mask)) * fraction_weight
+            for key, value in correction_metrics.items():  # bypass mode's, per micro-batch
+                totals[key] += value * fraction_weight
             return loss * share * dp_scale
 
         return loss_of
+
+    def _bypass_loss(self, log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+                     advantages: torch.Tensor, mask: torch.Tensor,
+                     metrics: Dict[str, float]):
+        """verl's bypass-mode loss: the current policy against the rollout's, weights and
+        rejection from that gap; ``ppo_clip`` is the PPO loss (weights for the metrics
+        only), ``reinforce`` -w A log pi. The loss over the kept tokens is rescaled to the
+        micro-batch's units before rejection, so the mini-batch normalises as verl does."""
+        cfg, mode = self.correction, self.mode
+        reduce = (lambda t: torch.distributed.all_reduce(t, group=self.group)) \
+            if dist_active(self.world_size) else None
+        fix = correct(log_prob, rollout_log_prob, mask, cfg, reduce)
+        metrics.update(fix.metrics)
+        kept = fix.mask.to(mask.dtype)
+        if cfg.loss_type == "reinforce":
+            out = reinforce_loss(rollout_log_prob, log_prob, advantages, kept, mode,
+                                 fix.weights)
+        else:
+            out = self.policy_loss_fn(old_log_prob=rollout_log_prob, log_prob=log_prob,
+                                      advantages=advantages, response_mask=kept,
+                                      loss_agg_mode=mode, config=self.cfg)
+        before, after = agg_loss_units(mask, mode), agg_loss_units(kept, mode)
+        if before is None or not float(before) > 0:
+            return out
+        return (out[0] * (after / before), *out[1:])
 
 
 class DataParallelPPOActor(UpdatingRole):
@@ -161,10 +213,12 @@ class DataParallelPPOActor(UpdatingRole):
     def __init__(self, backend: TrainBackend, cfg: ActorArguments, heads: LogProbHeads, *,
                  temperature: float = 1.0, log_prob_micro_batch_size: Optional[int] = None,
                  log_prob_budget: Optional[TokenBudget] = None,
-                 settings: Optional[UpdateSettings] = None, lr_scheduler: Any = None):
+                 settings: Optional[UpdateSettings] = None, lr_scheduler: Any = None,
+                 correction: Optional[RolloutCorrectionArguments] = None):
         super().__init__(backend, PPOUpdater(backend, settings, "actor", lr_scheduler)
                          if settings is not None else None)
         self.config = cfg
+        self.correction = correction or RolloutCorrectionArguments()
         self.heads = heads
         self.temperature = float(temperature)
         self.log_prob_micro_batch_size = (log_prob_micro_batch_size
@@ -184,8 +238,8 @@ class DataParallelPPOActor(UpdatingRole):
         """Whether an update of ``rows`` rows starts from the rollout policy's weights and
         reads them exactly as the log-prob pass would (``on_policy``): its first forward
         then gives the old log-probs bit for bit, so none need computing before it."""
-        if self.updater is None:
-            return False
+        if self.updater is None or self.correction.decoupled:
+            return False  # decoupled correction: the whole batch's old log-probs come first
         return first_forward_is_log_prob_pass(self.updater.settings,
                                               self.log_prob_micro_batch_size,
                                               self.log_prob_budget, rows)
@@ -199,8 +253,8 @@ class DataParallelPPOActor(UpdatingRole):
         if self.updater is None or self.backend.optimizer is None:
             raise RuntimeError("this actor has no optimizer; it can only compute log-probs")
         self.updater.settings.micro_rows()  # a bad micro size fails before any work
-        on_policy = False
-        if OLD_LOG_PROBS not in batch.keys():
+        on_policy, bypass = False, self.correction.bypass_mode
+        if OLD_LOG_PROBS not in batch.keys() and not bypass:
             on_policy = self.on_policy(batch.batch_size[0])
             if not on_policy:
                 require(batch, FORWARD_KEYS, "update_policy")
@@ -208,18 +262,40 @@ class DataParallelPPOActor(UpdatingRole):
                 keep_routing(batch, self.backend)
         use_kl = bool(self.config.use_kl_loss)
         keys = UPDATE_KEYS + ((REF_LOG_PROB,) if use_kl else ())
-        if float(self.config.tis_imp_ratio_cap or -1.0) > 0:
+        if float(self.config.tis_imp_ratio_cap or -1.0) > 0 or self.correction.corrects or \
+                ROLLOUT_LOG_PROBS in batch.keys():
             keys += (ROLLOUT_LOG_PROBS,)
-        if on_policy:
+        if on_policy or bypass:
             keys = tuple(k for k in keys if k != OLD_LOG_PROBS)
         if ROUTED_EXPERTS in batch.keys():  # router replay R2
             keys += (ROUTED_EXPERTS,)
-        require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else ""))
+        require(batch, keys, "update_policy" + (" with use_kl_loss" if use_kl else "")
+                + (" with algorithm.rollout_correction" if self.correction.corrects else ""))
         data = batch.select(*forward_keys(batch, keys))
+        corrected = self._decoupled_correction(data) if not (on_policy or bypass) else {}
         head = self.heads(data[RESPONSES].shape[-1], self.temperature, True)
-        loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group, on_policy)
+        loss = PolicyLoss(self.config, self.backend.dp_size, self.backend.dp_group, on_policy,
+                          self.correction)
         metrics = self.updater.update(data, head, loss)
+        metrics.update(corrected)
         lr = metrics.pop("actor/lr")
         metrics.update({"actor/kl_coef": float(self.config.kl_loss_coef) if use_kl else 0.0,
                         "actor/lr": lr})
         return self.backend.share_metrics(metrics)
+
+    def _decoupled_correction(self, data: Any) -> Dict[str, float]:
+        """verl's decoupled mode, on this worker's rows before the update: the weights
+        (``IS_WEIGHTS``) and the response mask without the rejected tokens go into ``data``;
+        the metrics (the old policy against the rollout's) come back. Only the metrics
+        when no weights or rejection are asked for, and none without rollout log-probs."""
+        if ROLLOUT_LOG_PROBS not in data.keys():
+            return {}
+        mask = data[RESPONSE_MASK]
+        reduce = (lambda t: torch.distributed.all_reduce(t, group=self.backend.dp_group)) \
+            if dist_active(self.backend.dp_size) else None
+        fix = correct(data[OLD_LOG_PROBS], data[ROLLOUT_LOG_PROBS], mask, self.correction,
+                      reduce)
+        if fix.weights is not None:
+            data.set(IS_WEIGHTS, fix.weights.to(mask.dtype))
+        data.set(RESPONSE_MASK, fix.mask.to(mask.dtype))
+        return fix.metrics

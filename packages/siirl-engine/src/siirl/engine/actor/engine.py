@@ -40,7 +40,8 @@ class ActorEngine(TrainedEngine):
             log_prob_micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
             log_prob_budget=log_prob_budget(cfg), settings=settings,
             lr_scheduler=initial_scheduler(backend.optimizer, actor_cfg.optim,
-                                           planned_steps(cfg, actor_cfg.optim)))
+                                           planned_steps(cfg, actor_cfg.optim)),
+            correction=cfg.algorithm.rollout_correction)
         super().__init__(backend, self.actor.updater, actor_cfg.optim, actor_cfg.checkpoint)
         self.tokenizer = tokenizer
         self.loss_agg_mode = actor_cfg.loss_agg_mode

@@ -71,7 +71,7 @@ def update_gives_old_log_probs(cfg: SiiRLArguments, dp_size: int) -> bool:
     ``data.train_batch_size * rollout.n / dp_size`` rows per step."""
     rows = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n) // \
         max(int(dp_size), 1)
-    if rows < 1:
-        return False
+    if rows < 1 or cfg.algorithm.rollout_correction.decoupled:
+        return False  # decoupled rollout correction weighs the batch by them before updating
     return first_forward_is_log_prob_pass(actor_update_settings(cfg, dp_size),
                                           log_prob_micro_rows(cfg), log_prob_budget(cfg), rows)

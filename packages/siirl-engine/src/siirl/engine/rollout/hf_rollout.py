@@ -24,7 +24,12 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, model_extra_inputs
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    ROLLOUT_LOG_PROBS,
+    model_extra_inputs,
+)
 from siirl.engine.common.runtime import module_device
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
@@ -64,6 +69,12 @@ class HFRollout(RolloutBase):
             module = module.module
         return module, tokenizer
 
+    def reports_log_probs(self) -> bool:
+        """Whether training rollouts carry ``rollout_log_probs``: asked for
+        (``rollout.calculate_log_probs``) or read by ``algorithm.rollout_correction``."""
+        return bool(self.cfg.actor_rollout_ref.rollout.calculate_log_probs) or \
+            self.cfg.algorithm.rollout_correction.corrects
+
     def load_weights(self, buckets: Iterable[Bucket]) -> int:
         """Weight sync: copy the named tensors into the model this rollout generates with;
         the bytes copied. Nothing moves when that model is the one the actor trains in
@@ -89,7 +100,8 @@ class HFRollout(RolloutBase):
         # submodules frozen in eval mode by the actor stay so
         modes = [(m, m.training) for m in module.modules()]
         module.eval()
-        parts = []
+        parts, log_prob_parts = [], []
+        with_log_probs = not validate and self.reports_log_probs()
         try:
             reshard = bool(self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward)
             # sharded: weights gathered once per call, then every forward is local
@@ -99,7 +111,12 @@ class HFRollout(RolloutBase):
                     tokens = decode(module, prompts[rows].to(device),
                                     prompt_mask[rows].to(device), prompt_pos[rows].to(device),
                                     width, eos_ids, pad_id, **params, keys=keys[rows].to(device),
-                                    extras={k: v[rows].to(device) for k, v in extras.items()})
+                                    extras={k: v[rows].to(device) for k, v in extras.items()},
+                                    with_log_probs=with_log_probs)
+                    if with_log_probs:
+                        tokens, log_probs = tokens
+                        log_prob_parts.append(torch.nn.functional.pad(
+                            log_probs.cpu(), (0, width - log_probs.shape[1])))
                     parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
         finally:
             for m, mode in modes:
@@ -107,4 +124,6 @@ class HFRollout(RolloutBase):
         responses = torch.cat([p[0] for p in parts])
         response_mask = torch.cat([p[1] for p in parts])
         self.finish(out, responses, response_mask)
+        if with_log_probs:
+            out.set(ROLLOUT_LOG_PROBS, torch.cat(log_prob_parts) * response_mask)
         return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from siirl.engine.models.logprob import accepts_kwarg
+from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
 from siirl.engine.rollout.keyed_random import uniforms
 from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
@@ -21,11 +21,13 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
                      max_new_tokens: int, eos_ids: list[int], pad_id: int, greedy: bool,
                      temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
                      keys: torch.Tensor | None = None,
-                     extras: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                     extras: dict[str, torch.Tensor] | None = None,
+                     with_log_probs: bool = False):
     """Same contract as ``sampler.decode``."""
     rows = input_ids.shape[0]
     if max_new_tokens <= 0 or rows == 0:
-        return input_ids.new_zeros((rows, 0))
+        empty = input_ids.new_zeros((rows, 0))
+        return (empty, empty.float()) if with_log_probs else empty
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     cache_name = cache_argument(module)
     eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
@@ -34,11 +36,14 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
     next_pos = position_ids[:, -1:] + 1
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     ones = attention_mask.new_ones((rows, 1))
-    tokens = []
+    tokens, log_probs = [], []
     for step in range(max_new_tokens):
         noise = uniforms(keys, step) if keys is not None and not greedy else None
         tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p,
                                 noise)
+        if with_log_probs:
+            chosen = token_logprobs(out.logits[:, -1, :], tok, temperature)[0]
+            log_probs.append(torch.where(finished, torch.zeros_like(chosen), chosen))
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         tokens.append(tok)
         finished |= torch.isin(tok, eos)
@@ -49,4 +54,6 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
                      position_ids=next_pos, use_cache=True, **keep_last,
                      **{cache_name: output_cache(out)})
         next_pos = next_pos + 1
+    if with_log_probs:
+        return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1)
     return torch.stack(tokens, dim=1)

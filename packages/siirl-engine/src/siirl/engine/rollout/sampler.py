@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from siirl.engine.models.logprob import accepts_kwarg
+from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
 from siirl.engine.rollout.keyed_random import uniforms
 from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
@@ -55,15 +55,19 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
            position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
            greedy: bool, temperature: float = 1.0, top_k: int = -1,
            top_p: float = 1.0, keys: torch.Tensor | None = None,
-           extras: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+           extras: dict[str, torch.Tensor] | None = None, with_log_probs: bool = False):
     """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
     (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
+    ``with_log_probs``: ``(tokens, log_probs)``, each sampled token's log-prob under the
+    logits / temperature (float32, before top-k/top-p: what the trainer computes), 0 after
+    a row finished.
     ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``).
     ``extras`` (per-row tensors, e.g. a VLA's ``pixel_values``) go to the prefill only: the
     steps after it feed new tokens, which the cache already conditions on them."""
     rows, width = input_ids.shape
     if max_new_tokens <= 0 or rows == 0:
-        return input_ids.new_zeros((rows, 0))
+        empty = input_ids.new_zeros((rows, 0))
+        return (empty, empty.float()) if with_log_probs else empty
     floor = min(rows, _MIN_ROWS)
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     cache_name = cache_argument(module)
@@ -83,7 +87,7 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
         from siirl.engine.rollout.reference import reference_decode
         return reference_decode(module, input_ids, attention_mask, position_ids,
                                 max_new_tokens, eos_ids, pad_id, greedy, temperature,
-                                top_k, top_p, keys, extras)
+                                top_k, top_p, keys, extras, with_log_probs)
     logits = out.logits[:, -1, :]
     if groups is not None:  # then one row per sample
         logits = logits.index_select(0, groups[1])
@@ -92,12 +96,17 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     mask = torch.cat([attention_mask, attention_mask.new_ones((rows, max_new_tokens))], dim=1)
     next_pos = position_ids[:, -1:] + 1
     tokens = input_ids.new_full((rows, max_new_tokens), pad_id)
+    log_probs = torch.zeros((rows, max_new_tokens), dtype=torch.float32,
+                            device=input_ids.device) if with_log_probs else None
     live = torch.arange(rows, device=input_ids.device)  # output row of each batch row
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     step = 0
     for step in range(max_new_tokens):
         noise = uniforms(keys, step) if keys is not None and not greedy else None
         tok = sample_next_token(logits, greedy, temperature, top_k, top_p, noise)
+        if log_probs is not None:
+            chosen = token_logprobs(logits, tok, temperature)[0]
+            log_probs[live, step] = torch.where(finished, torch.zeros_like(chosen), chosen)
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         tokens[live, step] = tok
         finished |= torch.isin(tok, eos)
@@ -123,4 +132,6 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
                      **{cache_name: cache})
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
+    if log_probs is not None:
+        return tokens[:, :step + 1], log_probs[:, :step + 1]
     return tokens[:, :step + 1]
