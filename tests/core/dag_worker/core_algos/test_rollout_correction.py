@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from siirl.dag_worker.core_algos.rollout_correction import (
-    correct,
+    correct_rollout,
     is_weights,
     reinforce_loss,
     rejection_mask,
@@ -193,7 +193,7 @@ def test_several_criteria_must_all_pass():
 def test_offpolicy_metrics_match_verl(seed):
     train, rollout = _log_probs(seed, gap=0.3)
     cfg = RolloutCorrectionArguments(rollout_is="token")
-    got = correct(train, rollout, MASK, cfg).metrics
+    got = correct_rollout(train, rollout, MASK, cfg).metrics
     for key, want in ref_offpolicy(train, rollout).items():
         assert got[f"rollout_corr/{key}"] == pytest.approx(want, abs=TOL), key
 
@@ -213,7 +213,7 @@ def _lag_zero_configs():
 @pytest.mark.parametrize("cfg", list(_lag_zero_configs()), ids=str)
 def test_no_lag_means_unit_weights_and_no_rejection(cfg):
     train, _ = _log_probs(5, gap=0.0)
-    fix = correct(train, train.clone(), MASK, cfg)
+    fix = correct_rollout(train, train.clone(), MASK, cfg)
     assert torch.equal(fix.mask, MASK)
     if fix.weights is not None:
         assert torch.equal(fix.weights, MASK)

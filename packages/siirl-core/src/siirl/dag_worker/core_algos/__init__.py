@@ -31,11 +31,12 @@ from typing import Any
 # Loaded on first use (PEP 562): ``core_algos.names`` (the registries' names) is read by
 # siirl-train's validation pass, which must not import torch through this package.
 _SUBMODULES = ("advantages", "common", "kl", "loss_aggregation", "policy_losses", "value",
-               "names")
+               "rollout_correction", "names")
 
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
+    "ROLLOUT_IS_WEIGHTS",
     "agg_loss",
     "agg_loss_units",
     "apply_kl_penalty",
@@ -58,6 +59,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_value_loss",
+    "correct_rollout",
     "entropy_from_logits",
     "get_adv_estimator_fn",
     "get_kl_controller",
@@ -71,6 +73,7 @@ __all__ = [
     "register_agg_mode",
     "register_kl_estimator",
     "register_policy_loss",
+    "reinforce_loss",
     "tis_weights",
     "registered_adv_estimators",
     "registered_agg_modes",

@@ -45,7 +45,8 @@ from siirl.params.rollout_correction import (
 )
 
 PREFIX = "rollout_corr/"
-IS_WEIGHTS = "rollout_is_weights"  # float32 [B, R]: decoupled mode's weights, in the batch
+# float32 [B, R]: decoupled mode's weights, set in the batch the update reads
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
 # sums a tensor over the data-parallel ranks in place (None: this process has the batch)
 AllReduce = Optional[Callable[[torch.Tensor], None]]
 
@@ -150,7 +151,7 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rollout_rs: str,
     return (mask_f * keep_all).to(mask.dtype), metrics
 
 
-def correct(train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+def correct_rollout(train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
             mask: torch.Tensor, cfg: RolloutCorrectionArguments,
             all_reduce: AllReduce = None) -> Correction:
     """Weights, rejection and metrics of ``cfg`` for the trainer's log-probs against the

@@ -1,5 +1,5 @@
 """The diagnostics of rollout correction, with verl's names (``rollout_corr/`` is added by
-``rollout_correction.correct``): the importance weights' spread (``rollout_is_*``), each
+``rollout_correction.correct_rollout``): the importance weights' spread (``rollout_is_*``), each
 rejection criterion's statistic (``rollout_rs_<criterion>_*``) and the gap between the
 trainer's and the rollout's policy (``kl``, ``k3_kl``, perplexities, chi-squared).
 

@@ -35,14 +35,16 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from siirl.dag_worker.core_algos import (
+    ROLLOUT_IS_WEIGHTS,
     agg_loss,
     agg_loss_units,
+    correct_rollout,
     get_policy_loss_fn,
     kl_penalty,
     masked_mean,
+    reinforce_loss,
     tis_weights,
 )
-from siirl.dag_worker.core_algos.rollout_correction import IS_WEIGHTS, correct, reinforce_loss
 from siirl.data_coordinator.fields import (
     ADVANTAGES,
     OLD_LOG_PROBS,
@@ -69,8 +71,7 @@ from siirl.engine.common.ppo_update import (
     UpdatingRole,
     forward_rows,
 )
-from siirl.params import ActorArguments
-from siirl.params.rollout_correction import RolloutCorrectionArguments
+from siirl.params import ActorArguments, RolloutCorrectionArguments
 
 UPDATE_KEYS = FORWARD_KEYS + (RESPONSE_MASK, OLD_LOG_PROBS, ADVANTAGES)
 
@@ -120,8 +121,8 @@ class PolicyLoss:
                 old_log_prob = (log_prob.detach() if self.on_policy
                                 else micro_batch[OLD_LOG_PROBS])
             advantages = micro_batch[ADVANTAGES]
-            if IS_WEIGHTS in micro_batch.keys():  # decoupled mode's weights (w >= 0)
-                advantages = advantages * micro_batch[IS_WEIGHTS]
+            if ROLLOUT_IS_WEIGHTS in micro_batch.keys():  # decoupled mode's weights (w >= 0)
+                advantages = advantages * micro_batch[ROLLOUT_IS_WEIGHTS]
             tis = {}
             if self.tis_cap > 0:  # the engine that sampled against the trainer's old policy
                 tis = {"rollout_log_probs": micro_batch[ROLLOUT_LOG_PROBS]}
@@ -187,7 +188,7 @@ class PolicyLoss:
         cfg, mode = self.correction, self.mode
         reduce = (lambda t: torch.distributed.all_reduce(t, group=self.group)) \
             if dist_active(self.world_size) else None
-        fix = correct(log_prob, rollout_log_prob, mask, cfg, reduce)
+        fix = correct_rollout(log_prob, rollout_log_prob, mask, cfg, reduce)
         metrics.update(fix.metrics)
         kept = fix.mask.to(mask.dtype)
         if cfg.loss_type == "reinforce":
@@ -285,7 +286,7 @@ class DataParallelPPOActor(UpdatingRole):
 
     def _decoupled_correction(self, data: Any) -> Dict[str, float]:
         """verl's decoupled mode, on this worker's rows before the update: the weights
-        (``IS_WEIGHTS``) and the response mask without the rejected tokens go into ``data``;
+        (``ROLLOUT_IS_WEIGHTS``) and the response mask without the rejected tokens go into ``data``;
         the metrics (the old policy against the rollout's) come back. Only the metrics
         when no weights or rejection are asked for, and none without rollout log-probs."""
         if ROLLOUT_LOG_PROBS not in data.keys():
@@ -293,9 +294,9 @@ class DataParallelPPOActor(UpdatingRole):
         mask = data[RESPONSE_MASK]
         reduce = (lambda t: torch.distributed.all_reduce(t, group=self.backend.dp_group)) \
             if dist_active(self.backend.dp_size) else None
-        fix = correct(data[OLD_LOG_PROBS], data[ROLLOUT_LOG_PROBS], mask, self.correction,
-                      reduce)
+        fix = correct_rollout(data[OLD_LOG_PROBS], data[ROLLOUT_LOG_PROBS], mask,
+                              self.correction, reduce)
         if fix.weights is not None:
-            data.set(IS_WEIGHTS, fix.weights.to(mask.dtype))
+            data.set(ROLLOUT_IS_WEIGHTS, fix.weights.to(mask.dtype))
         data.set(RESPONSE_MASK, fix.mask.to(mask.dtype))
         return fix.metrics
