@@ -38,6 +38,10 @@ def _several_nodes(config: Any, key: str) -> bool:
     return _on(config, key) and int(get(config, key) or 1) > 1
 
 
+def _dapo_on(config: Any, key: str) -> bool:
+    return _on(config, key) and str(get(config, key) or "").upper() == "DAPO"
+
+
 RULES: Tuple[Rule, ...] = (
     notice(("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
             "async_training.require_batches", "async_training.partial_rollout",
@@ -56,6 +60,11 @@ RULES: Tuple[Rule, ...] = (
     refused(("rollout.nnodes", "trainer.nnodes"), "one node for now",
             "an asynchronous run places its trainer and rollout workers on one node in this "
             "release: set trainer.nnodes=1 and rollout.nnodes=1.", _several_nodes),
+    refused("algorithm.workflow_type", "dynamic sampling runs in the stream",
+            "with async_training.enable=true the rollout drops the groups whose rewards do "
+            "not vary as they stream (algorithm.filter_groups.enable=true, under the DEFAULT "
+            "or AGENTIC workflow) and the trainer waits for the next ones: use "
+            "algorithm.workflow_type=DEFAULT with filter_groups.enable=true.", _dapo_on),
     refused("data.train_batch_size", "a step is require_batches mini-batches",
             "with async_training.enable=true a trainer step trains async_training."
             "require_batches x actor_rollout_ref.actor.ppo_mini_batch_size prompts (verl's "

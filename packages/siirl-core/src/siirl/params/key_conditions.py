@@ -34,8 +34,11 @@ def builtin_workflow_is_not(kind: str) -> Condition:
 def no_dynamic_sampling_possible(config: Any, key: str) -> bool:
     # the DAPO workflow runs it; so does the DEFAULT workflow with group advantages once
     # filter_groups.enable is set, as in verl (siirl.execution.dag.task_loader)
+    # asynchronous training: the stream drops the groups, under any workflow
     workflow = str(get(config, "algorithm.workflow_type", "DEFAULT")).upper()
     group_advantages = str(get(config, "algorithm.adv_estimator", "grpo")).lower() != "gae"
+    if get(config, "async_training.enable"):
+        return not group_advantages
     return not custom_workflow(config) and workflow != "DAPO" and \
         not (workflow == "DEFAULT" and group_advantages)
 

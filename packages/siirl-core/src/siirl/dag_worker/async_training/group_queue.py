@@ -16,17 +16,20 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
+
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     INPUT_IDS,
     POLICY_VERSION,
     POSITION_IDS,
     PROMPTS,
+    RESPONSES,
     SAMPLE_ID,
     UID,
 )
 from siirl.data_coordinator.protocol import (
-    concat_left_padded,
+    concat,
     get_non_tensor,
     group_indices,
     make_batch,
@@ -121,8 +124,50 @@ class GroupQueue:
             return [g.sample_id for g in self._groups]
 
 
+FULL = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)  # prompt then response
+
+
+def _pad(tensor: torch.Tensor, left: int, right: int, value: int, key: str) -> torch.Tensor:
+    if not left and not right:
+        return tensor
+    parts = [tensor.new_full((*tensor.shape[:-1], left), value)] if left else []
+    parts.append(tensor)
+    if right:
+        if key == POSITION_IDS:  # go on counting after the last position
+            step = torch.arange(1, right + 1, dtype=tensor.dtype, device=tensor.device)
+            parts.append(tensor[..., -1:] + step)
+        else:
+            parts.append(tensor.new_full((*tensor.shape[:-1], right), value))
+    return torch.cat(parts, dim=-1)
+
+
+def to_widths(rows: Any, prompt: int, response: int, pad_token_id: int) -> Any:
+    """``rows`` with prompts left-padded to ``prompt`` tokens and responses right-padded to
+    ``response`` (a rollout call pads only to its own longest; calls differ)."""
+    have_p, have_r = rows[PROMPTS].shape[-1], rows[RESPONSES].shape[-1]
+    if (have_p, have_r) == (prompt, response):
+        return rows
+    rows = rows.copy()
+    for key in tensor_keys(rows):
+        tensor = rows.get(key)
+        if tensor.dim() < 2:
+            continue
+        value = pad_token_id if key in (INPUT_IDS, PROMPTS, RESPONSES) else 0
+        width = tensor.shape[-1]
+        if key in FULL and width == have_p + have_r:
+            rows.set(key, _pad(tensor, prompt - have_p, response - have_r, value, key))
+        elif key == PROMPTS:
+            rows.set(key, _pad(tensor, prompt - have_p, 0, value, key))
+        elif width == have_r:  # a per-response-token field (masks, scores, log-probs)
+            rows.set(key, _pad(tensor, 0, response - have_r, value, key))
+    return rows
+
+
 def batch_of(groups: List[Group], pad_token_id: int) -> Any:
-    """The groups' rows as one batch (prompts left-padded to one width)."""
-    pads = {INPUT_IDS: pad_token_id, PROMPTS: pad_token_id, ATTENTION_MASK: 0,
-            POSITION_IDS: 0}
-    return concat_left_padded([g.rows for g in groups], pads)
+    """The groups' rows as one batch, padded to the widest prompt and response."""
+    rows = [g.rows for g in groups]
+    if PROMPTS not in rows[0].keys() or RESPONSES not in rows[0].keys():
+        return concat(rows)
+    prompt = max(r[PROMPTS].shape[-1] for r in rows)
+    response = max(r[RESPONSES].shape[-1] for r in rows)
+    return concat([to_widths(r, prompt, response, pad_token_id) for r in rows])

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -24,7 +24,47 @@ from siirl.dag_worker.async_training import wire
 from siirl.dag_worker.async_training.prompt_ledger import PromptLedger
 from siirl.dag_worker.async_training.shape import AsyncShape
 from siirl.data_coordinator.fields import POLICY_VERSION, SAMPLE_ID, UID
-from siirl.data_coordinator.protocol import group_indices, select_rows
+from siirl.data_coordinator.protocol import get_non_tensor, group_indices, select_rows
+from siirl.errors import PipelineError
+
+
+def with_sample_ids(rows: Any, prompts: Any) -> Any:
+    """The rollout's rows with the ``sample_id`` of their prompt: a rollout node that does
+    not carry it (the AGENTIC one) names each group by it (``uid``)."""
+    if SAMPLE_ID in rows.keys():
+        return rows
+    asked = {str(i): i for i in prompts[SAMPLE_ID].tolist()}
+    uids = get_non_tensor(rows, UID)
+    unknown = sorted({u for u in uids if u not in asked})
+    if unknown:
+        raise PipelineError(f"asynchronous training streams whole prompt groups, but the rows "
+                            f"of the rollout sub-graph carry no '{SAMPLE_ID}' and their groups "
+                            f"({UID}) {unknown[:3]} name none of the prompts it was given")
+    rows.set(SAMPLE_ID, torch.tensor([asked[u] for u in uids], dtype=torch.long))
+    return rows
+
+
+def stream_filter(config: Any) -> Optional[Callable[[Any], Tuple[Any, List[int]]]]:
+    """``algorithm.filter_groups.enable`` in an asynchronous run: the stream drops the groups
+    whose ``filter_groups.metric`` does not vary (DAPO's dynamic sampling, ROLL's group
+    filter); the trainer waits for the next groups instead of regenerating a batch.
+    ``rows -> (kept rows, dropped prompts' sample ids)``."""
+    settings = config.algorithm.filter_groups
+    if not settings.enable:
+        return None
+    from siirl.dag_worker.nodes.group_filter import filter_groups, row_values
+
+    metric = settings.metric or "seq_final_reward"
+
+    def keep(values: Any) -> bool:
+        return values.numel() == 1 or bool(values.std() > 0)
+
+    def apply(rows: Any) -> Tuple[Any, List[int]]:
+        kept, _ = filter_groups(rows, row_values(rows, metric), keep)
+        before = set(rows[SAMPLE_ID].tolist())
+        return kept, sorted(before - set(kept[SAMPLE_ID].tolist()))
+
+    return apply
 
 
 class PromptFeed:
@@ -100,6 +140,7 @@ class AsyncRollout:
         self.waited = 0.0  # back-pressure since the last call's rows were sent
         self.stop = False
         self.sent_groups = 0
+        self.group_filter = stream_filter(worker.config)
 
     def run(self) -> None:
         worker = self.worker
@@ -170,18 +211,25 @@ class AsyncRollout:
         # samples with these weights (at lag 0 the two runs draw the same samples)
         worker.global_step = version + 1
         result = worker.execute_task_graph(prompts)
-        rows = next(iter(result.outputs.values())).batch
+        rows = with_sample_ids(next(iter(result.outputs.values())).batch, prompts)
         rows.set(POLICY_VERSION, torch.full((rows.batch_size[0],), version, dtype=torch.long))
         metrics = {k: float(v) for k, v in result.metrics.items() if k != "timing_s/step"}
         metrics["timing_s/wait_train"] = self.waited
         self.waited = 0.0
+        filtered: List[int] = []
+        if self.group_filter is not None:  # groups whose rewards do not vary teach nothing
+            rows, filtered = self.group_filter(rows)
+            for sample_id in filtered:  # done: never trained, never generated again
+                self.outstanding.pop(sample_id, None)
         trainers = self.groups.trainers
         shares: List[List[int]] = [[] for _ in trainers]
         for index in group_indices(rows, UID).values():
             shares[self.sent_groups % len(trainers)].extend(index)
             self.sent_groups += 1
-        for trainer, index in zip(trainers, shares, strict=True):
-            if index:
-                part = rows if len(index) == rows.batch_size[0] else select_rows(rows, index)
-                wire.send_message(wire.ROWS, {"rows": part, "metrics": metrics}, trainer,
-                                  self.groups.pairs[(self.groups.rank, trainer)])
+        for n, (trainer, index) in enumerate(zip(trainers, shares, strict=True)):
+            notes = {"filtered": filtered} if n == 0 and filtered else {}
+            if index or notes:
+                part = rows if len(index) == rows.batch_size[0] else \
+                    select_rows(rows, index) if index else None
+                wire.send_message(wire.ROWS, {"rows": part, "metrics": metrics, **notes},
+                                  trainer, self.groups.pairs[(self.groups.rank, trainer)])

@@ -44,6 +44,8 @@ class AsyncTrainer(Trainer):
         self.trained: List[int] = []  # since the last sync
         self.dropped: List[int] = []
         self.validations: List[dict] = []
+        self.filtered: List[int] = []  # prompts the stream dropped: done, not trained
+        self._lock = threading.Lock()
         self._receivers: List[threading.Thread] = []
         self._last_val = -1
 
@@ -70,7 +72,10 @@ class AsyncTrainer(Trainer):
                 if kind == wire.VALIDATION:
                     self.validations.append(payload)
                 else:
-                    self.queue.put(split_groups(payload["rows"], payload["metrics"]))
+                    with self._lock:
+                        self.filtered.extend(payload.get("filtered", []))
+                    if payload["rows"] is not None:  # None: every group was filtered
+                        self.queue.put(split_groups(payload["rows"], payload["metrics"]))
         except BaseException as error:
             self.queue.fail(error)
 
@@ -140,7 +145,9 @@ class AsyncTrainer(Trainer):
         worker, config, comm = self.worker, self.config, self.worker.comm
         worker.setup()
         quiet.watch_loggers()
-        budget = StepBudget.of(config, len(worker.train_loader))
+        loader = worker.train_loader  # the rollout's prompts: data.gen_batch_size a call
+        per_epoch = len(loader) * loader.batch_size * loader.num_ranks
+        budget = StepBudget.of(config, per_epoch // self.shape.step_prompts)
         steps = budget.steps
         worker.set_total_training_steps(steps)
         resumed = self._maybe_resume()
@@ -181,7 +188,11 @@ class AsyncTrainer(Trainer):
                     result = worker.execute_task_graph(batch_of(fresh, pad))
                 ids = [g.sample_id for g in fresh]
                 self.trained += ids
-                self.ledger.add(ids)
+                with self._lock:
+                    filtered, self.filtered = self.filtered, []
+                self.ledger.add(ids + filtered)
+                if config.algorithm.filter_groups.enable:
+                    metrics["async/groups_filtered"] = float(len(filtered))
                 metrics.update(result.metrics)
                 last = step == steps
                 if step % self.shape.sync_every == 0 or last:

@@ -63,7 +63,8 @@ def build_dataloaders(config: Any, tokenizer: Any, rank: int, world_size: int
     # each worker's share of every PPO mini-batch: its k-th local mini-batch is then its
     # part of one worker's k-th
     mini_batches = loader_mini_batches(config)
-    if dynamic_sampling(config):  # a generation round takes data.gen_batch_size prompts
+    if dynamic_sampling(config) or config.async_training.enable:
+        # a generation round (an asynchronous rollout's call) takes data.gen_batch_size
         mini_batches = 1
         global_batch = data_cfg.gen_batch_size or global_batch
         if global_batch % world_size:

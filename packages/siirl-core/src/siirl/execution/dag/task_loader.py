@@ -28,6 +28,8 @@ def dynamic_sampling_on(config: SiiRLArguments) -> bool:
     (its DAPO recipe sets no workflow): under the DEFAULT workflow with group advantages,
     that key selects the DAPO pipeline here too."""
     algorithm = config.algorithm
+    if config.async_training.enable:  # the stream drops those groups (async_training)
+        return False
     return algorithm.workflow_type.upper() == WorkflowType.DEFAULT.value and \
         algorithm.adv_estimator.lower() != AdvantageEstimator.GAE.value and \
         algorithm.filter_groups.enable

@@ -40,6 +40,7 @@ REDUCERS: Tuple[Tuple[str, str], ...] = (
     ("perf/throughput", SUM),
     ("async/stale_dropped", SUM),  # asynchronous training: each trainer's own counts
     ("async/queue_depth", SUM),
+    ("async/groups_filtered", SUM),
     ("*tokens_per_s", SUM),
     ("databuffer/*/bytes_sent", SUM),
     ("databuffer/*/shared_bytes", SUM),
