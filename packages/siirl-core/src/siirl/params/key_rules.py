@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from siirl.params.async_rules import RULES as ASYNC_RULES
 from siirl.params.key_conditions import (
     ACTOR,
     REF,
@@ -28,7 +29,6 @@ from siirl.params.key_conditions import (
     no_dynamic_sampling_possible,
     remove_padding_off,
 )
-from siirl.params.async_rules import RULES as ASYNC_RULES
 from siirl.params.key_rule_kinds import NOT_APPLYING, REFUSED, Rule, always, notice, refused
 from siirl.params.model_args import ActorArguments
 from siirl.params.reward_key_rules import REWARD_RULES

@@ -28,7 +28,7 @@ from siirl.dag_worker.walk.quiet_libraries import QuietLibraries
 from siirl.dag_worker.walk.step_budget import StepBudget
 from siirl.dag_worker.walk.step_health import StepHealth
 from siirl.dag_worker.walk.tracking import Tracking, build_tracking
-from siirl.dag_worker.walk.trainer_loop import Trainer, _due
+from siirl.dag_worker.walk.trainer_loop import Trainer, is_due
 from siirl.dag_worker.walk.weight_sync import bucket_bytes_of
 
 # summed over the rollout calls a step trains from, not averaged
@@ -213,7 +213,7 @@ class AsyncTrainer(Trainer):
                 history.append({"step": step, **metrics})
                 self._log_validations(tracking, history)
                 health.check_rewards(metrics)
-                if _due(step, config.trainer.save_freq, last):
+                if is_due(step, config.trainer.save_freq, last):
                     self.checkpoints.save(step, self._stateful_engines(),
                                           self._trainer_state(), comm, final=last)
                 if comm.is_chief:

@@ -57,7 +57,8 @@ def configure_threads(config: Any) -> None:
         torch.set_num_threads(int(threads))
 
 
-def _due(step: int, freq: Any, last: bool) -> bool:
+def is_due(step: int, freq: Any, last: bool) -> bool:
+    """Whether a every-``freq``-steps action (validation, a save) runs after ``step``."""
     freq = int(freq or -1)
     return freq > 0 and (step % freq == 0 or last)
 
@@ -234,7 +235,7 @@ class Trainer:
                 self._dump_generations(step, result.outputs)
                 health.count_skipped(step, metrics)
                 last = step == steps
-                val = self._validate() if _due(step, self.config.trainer.test_freq,
+                val = self._validate() if is_due(step, self.config.trainer.test_freq,
                                                 last) else {}
                 progress.update()
                 tracking.log(step, metrics)
@@ -243,7 +244,7 @@ class Trainer:
                     tracking.log(step, val)
                     history.append({"step": step, **val})
                 health.check_rewards(metrics)  # stops a run whose rewards all fail
-                if _due(step, self.config.trainer.save_freq, last):
+                if is_due(step, self.config.trainer.save_freq, last):
                     self.checkpoints.save(step, self._stateful_engines(),
                                           self._trainer_state(), comm, final=last)
                 if comm.is_chief:  # start-up and first-step warnings are in by now
