@@ -24,6 +24,8 @@ ROOT_GROUPS = [
     "env_manager",
     "train_env_manager",
     "val_env_manager",
+    "async_training",
+    "rollout",
 ]
 
 # Override paths commonly used in verl example scripts.

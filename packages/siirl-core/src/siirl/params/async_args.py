@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class AsyncTrainingArguments:
+    """verl's ``async_training`` section (its fully-async trainer), plus siiRL's switch."""
+
     enable: bool = field(default=False, metadata={
         "help": "siiRL: train asynchronously, the rollout sub-graph on the rollout.* "
                 "workers, the training sub-graph on the trainer.* workers"})
