@@ -71,6 +71,10 @@ CONTEXTS = {
                             "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"],
     # asynchronous training's layouts and modes not built yet
     "async": ["async_training.enable=true", "trainer.device=cpu"],
+    "async vllm": ["async_training.enable=true", "trainer.device=cpu",
+                   "actor_rollout_ref.rollout.name=vllm"],
+    "async dapo": ["async_training.enable=true", "trainer.device=cpu",
+                   "algorithm.workflow_type=DAPO"],
     # rollout correction where the rollout reports no log-probs of its own
     "multi-turn rollout": ["actor_rollout_ref.rollout.multi_turn.enable=true"],
 }

@@ -42,6 +42,13 @@ def _dapo_on(config: Any, key: str) -> bool:
     return _on(config, key) and str(get(config, key) or "").upper() == "DAPO"
 
 
+def _in_process_vllm(config: Any, key: str) -> bool:
+    rollout = "actor_rollout_ref.rollout"
+    mode = str(get(config, f"{rollout}.mode") or "sync").lower()
+    return _on(config, key) and str(get(config, f"{rollout}.name")) == "vllm" and \
+        mode not in ("server", "async")
+
+
 RULES: Tuple[Rule, ...] = (
     notice(("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
             "async_training.require_batches", "async_training.partial_rollout",
@@ -65,6 +72,11 @@ RULES: Tuple[Rule, ...] = (
             "not vary as they stream (algorithm.filter_groups.enable=true, under the DEFAULT "
             "or AGENTIC workflow) and the trainer waits for the next ones: use "
             "algorithm.workflow_type=DEFAULT with filter_groups.enable=true.", _dapo_on),
+    refused("actor_rollout_ref.rollout.mode", "in-process vLLM cannot run beside trainers",
+            "an in-process vLLM engine (rollout.mode=sync) builds its process groups over "
+            "every worker of the job, and with async_training.enable=true the trainer "
+            "workers build none: use actor_rollout_ref.rollout.mode=server (a vLLM server "
+            "process per rollout worker).", _in_process_vllm),
     refused("data.train_batch_size", "a step is require_batches mini-batches",
             "with async_training.enable=true a trainer step trains async_training."
             "require_batches x actor_rollout_ref.actor.ppo_mini_batch_size prompts (verl's "
