@@ -3,6 +3,7 @@
     python tools/make_tiny_model.py              # build, pretrain, save (~3 minutes on a CPU)
     python tools/make_tiny_model.py --rl-check   # then a 3-minute GRPO-like check
     python tools/make_tiny_model.py --rl-only    # only that check, on the saved model
+    python tools/make_tiny_model.py --task repeat --min-pass 0.55   # tiny_repeat (below)
 
 A variant with other dimensions goes to another ``--out`` (its model card records the
 command). ``siirl/engine/assets/tiny_arith_hd32`` ("builtin:tiny-arith-hd32") has 2 heads of
@@ -37,6 +38,13 @@ about 0.8 (measured in docs/ and the closing notes, not asserted here).
 the pretraining answers with weight R, planting one systematic mistake that GRPO un-learns in
 a few steps. It makes a faster demo but a less honest one, so the shipped model is clean.
 
+``--task repeat`` builds ``siirl/engine/assets/tiny_repeat`` ("builtin:tiny-repeat") for the
+built-in repeat task (``data.builtin_task=repeat``, ``"ab*3="`` -> ``"ababab"``, response
+lengths with a long tail): same tokenizer and recipe, 96 positions, pretrained on the rows the
+job writes and measured on its validation prompts (``tiny_repeat.py``). Its sampled pass@8
+stays close to greedy accuracy (a wrong count is wrong for most samples), so its window asks
+for pass@8 >= 0.55; GRPO then takes its greedy validation accuracy from 0.21 to about 0.6.
+
 Everything is seeded and runs on one CPU thread, so a re-run reproduces the same weights
 (on the same torch build).
 """
@@ -49,6 +57,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +94,7 @@ ASSET_DIR = ROOT / "packages/siirl-engine/src/siirl/engine/assets/tiny_arith"
 
 
 # --------------------------------------------------------------------------- tokenizer
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(max_length: int = 64) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: a BPE model without merges splits text into characters
     (uppercase is lowercased; any other unknown character becomes ``<unk>``)."""
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
@@ -93,13 +102,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.normalizer = normalizers.Lowercase()
     core.decoder = decoders.Fuse()
     core.add_special_tokens(SPECIALS)
-    tok = fast_tokenizer(core, max_length=64)
+    tok = fast_tokenizer(core, max_length=max_length)
     assert tok("13+5=")["input_ids"] == [vocab[c] for c in "13+5="]
     return tok
 
 
 def build_model(tok, hidden: int, layers: int, heads: int = 4, kv_heads: int | None = None,
-                head_dim: int | None = None) -> LlamaForCausalLM:
+                head_dim: int | None = None, max_positions: int = 64) -> LlamaForCausalLM:
     """The head dimension is ``head_dim``, or ``hidden / heads`` (the default 64 / 4 = 16)."""
     kv_heads = heads if kv_heads is None else kv_heads
     if (head_dim is None and hidden % heads) or heads % kv_heads:
@@ -113,7 +122,7 @@ def build_model(tok, hidden: int, layers: int, heads: int = 4, kv_heads: int | N
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         initializer_range=0.02,
@@ -162,7 +171,21 @@ def in_window(args, acc_val: float, acc_all: float) -> bool:
     return args.lo <= acc_val <= args.hi and args.lo <= acc_all <= args.hi
 
 
-def pretrain(model, tok, train, val, args, log) -> int:
+def arithmetic_task():
+    """What the builder needs of its task (``--task``); ``tiny_repeat.TASK`` is the other."""
+    from tiny_model_card import card_text
+
+    def corpus(train, args):
+        return [(p, ans, w) for p, a in train
+                for ans, w in corpus_targets(p, a, args.confuse_rate, args.confuse_min_b)]
+
+    return SimpleNamespace(
+        name="arithmetic", asset_dir=ASSET_DIR, max_positions=64, split=split_problems,
+        greedy=greedy_accuracy, sampled=sampled_stats, card=card_text,
+        measured=lambda train, val: train + val, corpus=corpus)
+
+
+def pretrain(model, tok, train, val, args, log, task) -> int:
     """AdamW, linear warmup then cosine decay over ``--steps``; the loss on each prompt is
     the weighted mix of its corpus answers (exact, so no label sampling noise).
 
@@ -171,8 +194,7 @@ def pretrain(model, tok, train, val, args, log) -> int:
     on the held-out is >= min_pass; otherwise it runs the whole schedule."""
     opt = adamw(model.parameters(), args.lr, args.wd)
     lr_at = warmup_cosine(args.lr, args.steps, warmup=50, floor=0.05)
-    rows = [(p, ans, w) for p, a in train
-            for ans, w in corpus_targets(p, a, args.confuse_rate, args.confuse_min_b)]
+    rows = task.corpus(train, args)
     order = Shuffled(len(rows), args.batch_size, python_permutation(random.Random(args.seed)))
     for step in range(1, args.steps + 1):
         model.train()
@@ -181,12 +203,12 @@ def pretrain(model, tok, train, val, args, log) -> int:
         optimiser_step(opt, loss, lr_at(step - 1))
         if step % args.eval_every and step != args.steps:
             continue
-        acc_val = greedy_accuracy(model, tok, val)
-        acc_all = greedy_accuracy(model, tok, train + val)
+        acc_val = task.greedy(model, tok, val)
+        acc_all = task.greedy(model, tok, task.measured(train, val))
         msg = (f"step {step:4d} loss {loss.item():.3f} greedy held-out {acc_val:.3f} "
                f"all {acc_all:.3f}")
         if args.early_stop and in_window(args, acc_val, acc_all):
-            mean_s, pass_k = sampled_stats(model, tok, val, k=8, seed=args.seed)
+            mean_s, pass_k = task.sampled(model, tok, val, k=8, seed=args.seed)
             log(f"{msg} sampled {mean_s:.3f} pass@8 {pass_k:.3f}")
             if pass_k >= args.min_pass:
                 return step
@@ -199,11 +221,13 @@ def pretrain(model, tok, train, val, args, log) -> int:
 
 # -------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
-    from tiny_model_card import card_text
     from tiny_model_rl_check import rl_check
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ASSET_DIR)
+    ap.add_argument("--task", choices=["arithmetic", "repeat"], default="arithmetic",
+                    help="the built-in task (data.builtin_task) the model is made for")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: the task's asset folder (tiny_arith or tiny_repeat)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=3)
@@ -238,13 +262,22 @@ def main(argv=None) -> None:
     ap.add_argument("--rl-steps", type=int, default=100_000)
     ap.add_argument("--rl-eval-every", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.task == "repeat":
+        from tiny_repeat import TASK as task
+
+        if args.rl_check or args.rl_only or args.confuse_rate:
+            raise SystemExit("--rl-check, --rl-only and --confuse-rate are the arithmetic "
+                             "task's; check a repeat model with siirl-train (its model card)")
+    else:
+        task = arithmetic_task()
+    args.out = args.out or task.asset_dir
     if args.kv_heads is None:
         args.kv_heads = args.heads
     head_dim = args.head_dim or args.hidden // args.heads
 
     log = timed_log()
     seeded(args.seed, python_random=True)
-    train, val = split_problems(args.seed)
+    train, val = task.split(args.seed)
     if args.rl_only:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -253,15 +286,15 @@ def main(argv=None) -> None:
         rl_check(model, tok, train, val, args, log)
         return
 
-    tok = build_tokenizer()
+    tok = build_tokenizer(task.max_positions)
     model = build_model(tok, args.hidden, args.layers, args.heads, args.kv_heads,
-                        args.head_dim)
+                        args.head_dim, task.max_positions)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vocab {len(tok)}, params {n_params:,}, train {len(train)}, held-out {len(val)}")
-    steps = pretrain(model, tok, train, val, args, log)
-    greedy_val = greedy_accuracy(model, tok, val)
-    greedy_all = greedy_accuracy(model, tok, train + val)
-    sampled_val, pass8_val = sampled_stats(model, tok, val, k=8, seed=args.seed)
+    steps = pretrain(model, tok, train, val, args, log, task)
+    greedy_val = task.greedy(model, tok, val)
+    greedy_all = task.greedy(model, tok, task.measured(train, val))
+    sampled_val, pass8_val = task.sampled(model, tok, val, k=8, seed=args.seed)
     log(f"after {steps} steps: greedy held-out {greedy_val:.3f}, all {greedy_all:.3f}; "
         f"sampled held-out {sampled_val:.3f}, pass@8 {pass8_val:.3f}")
     ok = in_window(args, greedy_val, greedy_all) and pass8_val >= args.min_pass
@@ -282,7 +315,9 @@ def main(argv=None) -> None:
         greedy_all=round(greedy_all, 4), sampled_val=round(sampled_val, 4),
         pass8_val=round(pass8_val, 4),
     )
-    finish(out, card_text(info), log)
+    if args.task == "repeat":
+        info.update(_repeat_info(model, tok, train, args, log))
+    finish(out, task.card(info), log)
     print(json.dumps(info))
     if args.rl_check:
         rl_check(model, tok, train, val, args, log)
@@ -290,6 +325,20 @@ def main(argv=None) -> None:
     if not ok:
         raise SystemExit(f"out of the window [{args.lo}, {args.hi}] or pass@8 < "
                          f"{args.min_pass}: adjust the settings")
+
+
+def _repeat_info(model, tok, train, args, log) -> dict:
+    """The repeat card's extra lines: the window, and the greedy response lengths on the
+    training rows (the long tail the asynchronous preset is about)."""
+    from tiny_repeat import response_lengths
+
+    lengths = sorted(response_lengths(model, tok, [p for p, _ in train]))
+    stats = dict(mean=sum(lengths) / len(lengths), p50=lengths[len(lengths) // 2],
+                 p90=lengths[int(0.9 * len(lengths))], max=lengths[-1])
+    log(f"greedy response lengths on {len(lengths)} training rows: {stats}")
+    minutes = max(1, round((time.time() - log.t0) / 60))
+    return dict(lengths=stats, lo=args.lo, hi=args.hi, min_pass=args.min_pass, n_train=len(train),
+                took=f"about {minutes} minute{'s' if minutes > 1 else ''}")
 
 
 def _shown_path(path: Path) -> str:

@@ -54,7 +54,8 @@ def _line(group, key):
 def test_help_lists_the_installed_and_registered_names():
     assert "Training backend: fsdp or megatron." in _line("actor_rollout_ref.actor", "strategy")
     assert "(builtin:tiny-arith, builtin:tiny-arith-hd32, builtin:tiny-agent, " \
-           "builtin:tiny-vla, builtin:tiny-moe)" in _line("actor_rollout_ref.model", "path")
+           "builtin:tiny-vla, builtin:tiny-moe, builtin:tiny-repeat)" \
+        in _line("actor_rollout_ref.model", "path")
     assert "STD_weight, clip_filter_like_weight or naive." in _line(
         "algorithm", "weight_factor_in_cpgd")
     estimators = _line("algorithm", "adv_estimator")
@@ -105,4 +106,4 @@ def test_an_lr_schedule_a_plugin_registers_validates(plugin_env):
     assert f"{SCHEDULE}='warm_restarts': must be one of: constant, cosine" in refused
     assert _run(plugin_env, "-c", CHECK).strip() == "valid"
     described = _run(plugin_env, "-m", "siirl.main_dag", "--help", "actor_rollout_ref.model")
-    assert "builtin:tiny-vla, builtin:tiny-moe, builtin:toy-model)" in described
+    assert "builtin:tiny-moe, builtin:tiny-repeat, builtin:toy-model)" in described

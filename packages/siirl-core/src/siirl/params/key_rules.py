@@ -107,6 +107,11 @@ RULES: Tuple[Rule, ...] = (
     notice(("data.image_key", "data.video_key", "data.return_multi_modal_inputs"),
            "no effect: prompts are text only",
            "multi-modal inputs are not supported; prompts are text only."),
+    notice("data.builtin_task", "no effect with train_files and val_files set",
+           "the built-in task is written only for data.train_files or data.val_files left "
+           "null; both are set, so the files named there are read.",
+           lambda config, key: get(config, "data.train_files") is not None and
+           get(config, "data.val_files") is not None),
     notice("data.trust_remote_code", "no effect: the tokenizer is the model's",
            "the tokenizer comes with the model and follows "
            "actor_rollout_ref.model.trust_remote_code."),

@@ -22,6 +22,7 @@ import ipaddress
 import math
 from typing import Any, Callable, Collection, Tuple, Union
 
+from siirl.data_coordinator.tasks import TASK_NAMES
 from siirl.params.rollout_correction import IS_LEVELS, LOSS_TYPES, RS_OPTIONS, rs_options
 from siirl.params.sections import installed_names
 from siirl.params.training_args import DEVICES
@@ -175,6 +176,7 @@ RULES: Tuple[ValueRule, ...] = (
           " (the importance weights' truncation)"),
     # -- closed sets of names
     one_of(("error", "left", "right"), "data.truncation"),
+    one_of(TASK_NAMES, "data.builtin_task"),
     one_of(("auto", "disable", "resume_path"), "trainer.resume_mode"),
     one_of(DEVICES, "trainer.device"),
     one_of(_lr_schedules, ("*.optim.warmup_style", "*.optim.lr_scheduler_type")),

@@ -40,11 +40,17 @@ class DataArguments:
     train_files: Any = field(
         default=None,
         metadata={"help": "Training parquet/jsonl file(s): a path or a list of paths "
-                          "(null: the built-in arithmetic task, written under the run dir)."},
+                          "(null: the data.builtin_task task, written under the run dir)."},
     )
     val_files: Any = field(
         default=None,
-        metadata={"help": "Validation parquet/jsonl file(s) (null: built-in arithmetic task)."},
+        metadata={"help": "Validation parquet/jsonl file(s) (null: data.builtin_task's)."},
+    )
+    builtin_task: str = field(
+        default="arithmetic",
+        metadata={"help": "The built-in task written under the run dir for train_files/"
+                          "val_files left null: arithmetic (1-3 token answers) or repeat "
+                          "('ab*3=' -> 'ababab', response lengths with a long tail)."},
     )
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"

@@ -2,9 +2,11 @@
 PPO mini-batch, ``siirl.params.mini_batch_layout``), and its share of the validation set
 (round-robin rows; validation metrics are combined over all workers).
 
-With ``data.train_files``/``data.val_files`` unset, the built-in arithmetic task is written
-as parquet under ``<trainer.default_local_dir>/data/`` (once) and read from there, so the
-default job shows users the dataset format it expects.
+With ``data.train_files``/``data.val_files`` unset, the built-in task ``data.builtin_task``
+(arithmetic by default) is written as parquet under ``<trainer.default_local_dir>/data/``
+(once, in files named after the task, so switching tasks in one run dir never reads the other
+task's rows) and read from there, so the default job shows users the dataset format it
+expects.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ def resolve_data_files(config: Any) -> Tuple[Any, Any]:
     train, val = config.data.train_files, config.data.val_files
     if train is not None and val is not None:
         return train, val
-    from siirl.data_coordinator.tasks.arithmetic import make_splits, write_parquet
+    from siirl.data_coordinator.tasks import task_module
 
+    name = config.data.builtin_task
+    task = task_module(name)
     directory = Path(config.trainer.default_local_dir) / "data"
-    train_path, val_path = directory / "train.parquet", directory / "val.parquet"
+    # arithmetic keeps the names it always had (run dirs made before the key still resume)
+    prefix = "" if name == "arithmetic" else f"{name}_"
+    train_path, val_path = directory / f"{prefix}train.parquet", directory / f"{prefix}val.parquet"
     if not (train_path.exists() and val_path.exists()):
         directory.mkdir(parents=True, exist_ok=True)
         seed = config.data.seed
-        train_rows, val_rows = make_splits(BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE, seed=seed)
-        write_parquet(train_rows, str(train_path))  # val problems never appear in train
-        write_parquet(val_rows, str(val_path))
+        train_rows, val_rows = task.make_splits(BUILTIN_TRAIN_SIZE, BUILTIN_VAL_SIZE, seed=seed)
+        task.write_parquet(train_rows, str(train_path))  # val problems never appear in train
+        task.write_parquet(val_rows, str(val_path))
     return (train if train is not None else str(train_path),
             val if val is not None else str(val_path))
 

@@ -14,7 +14,21 @@ _EXPORTS = {
     "write_parquet": "arithmetic",
 }
 
-__all__ = sorted(_EXPORTS)
+# the built-in tasks (``data.builtin_task``), each a module here with ``make_splits`` and
+# ``write_parquet``; the first is the default
+TASK_NAMES = ("arithmetic", "repeat")
+
+__all__ = sorted([*_EXPORTS, "TASK_NAMES", "task_module"])
+
+
+def task_module(name: str):
+    """The module of built-in task ``name`` (one of :data:`TASK_NAMES`)."""
+    if name not in TASK_NAMES:
+        from siirl.errors import DataError
+
+        raise DataError(f"unknown built-in task '{name}' (data.builtin_task); known: "
+                        f"{', '.join(TASK_NAMES)}")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def __getattr__(name: str):

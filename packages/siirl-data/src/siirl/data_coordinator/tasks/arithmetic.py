@@ -100,14 +100,15 @@ def make_splits(train_size: int = 2000, val_size: int = 200, seed: int = 0, low:
     return train, val
 
 
-def write_parquet(rows: Sequence[dict], path: str | os.PathLike) -> None:
-    """Rows in :data:`SCHEMA` (any ``extra_info`` keys beyond its fields are dropped)."""
+def write_parquet(rows: Sequence[dict], path: str | os.PathLike,
+                  schema: pa.Schema = SCHEMA) -> None:
+    """Rows in ``schema`` (any ``extra_info`` keys beyond its fields are dropped)."""
     path = os.path.expanduser(os.fspath(path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     # written aside and renamed: several workers may create the same file at once, and
     # none may ever read it half-written
     tmp = f"{path}.tmp-{os.getpid()}"
-    pq.write_table(pa.Table.from_pylist(list(rows), schema=SCHEMA), tmp)
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), tmp)
     os.replace(tmp, path)
 
 

