@@ -139,3 +139,22 @@ def test_kill_9_then_the_same_command_trains_every_prompt_once(tmp_path, kill_at
     assert sorted(prompts) == list(range(1, 10))
     count = Counter(p for step in prompts.values() for p in step)
     assert sorted(count) == list(range(3 * 48)) and set(count.values()) == {1}
+
+
+def test_agentic_frozenlake_streams_episodes_and_filters_groups_without_variance(tmp_path):
+    root = HERE.parents[1]
+    train(tmp_path, "--config", str(root / "configs/agentic_frozenlake.yaml"), *ASYNC,
+          "async_training.staleness_threshold=1", "algorithm.filter_groups.enable=true",
+          "trainer.total_training_steps=10", "trainer.test_freq=-1",
+          "trainer.val_before_train=false", "data.train_batch_size=8",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    steps = {r["step"]: r for r in records(tmp_path) if "env/success_rate" in r}
+    assert sorted(steps) == list(range(1, 11))
+    for step, record in steps.items():
+        assert record["async/policy_lag/max"] <= 1, step
+        assert "env/turns/mean" in record and "actor/pg_loss" in record
+    # groups whose episodes all scored alike were dropped in the stream, and counted
+    assert sum(r["async/groups_filtered"] for r in steps.values()) > 0
+    prompts = trained_prompts(tmp_path)
+    trained = [p for step in prompts.values() for p in step]
+    assert len(trained) == len(set(trained)) == 10 * 8

@@ -31,3 +31,15 @@ def test_the_table_says_what_each_part_did(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [p["part"] for p in summary["parts"]] == ["main_job", "offload", "step_floor",
                                                      "megatron"]
+
+
+def test_the_async_part_says_when_one_gpu_could_not_run_nccl(tmp_path):
+    (tmp_path / "async_sync.json").write_text(json.dumps({
+        "gpus": 1, "nccl": False, "channel": {"backend": "gloo", "exact": True,
+                                              "bytes": 2e9, "gbps": 1.5, "ok": True}}))
+    status = tmp_path / "status.tsv"
+    status.write_text("async_sync\t0\t40\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/gpu/check_summary.py"),
+                           str(status), str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "gloo channel exact, 2.00 GB at 1.5 GB/s; two-GPU run skipped (1 GPU)" in proc.stdout

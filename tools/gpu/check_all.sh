@@ -13,7 +13,8 @@
 # Parts: main_job (the main job on CUDA, FSDP2 + hf rollout, 100 steps), train_mfu (FSDP
 # and Megatron bf16 on the 0.5B-shaped random model), step_floor (the step against its
 # floor), megatron (bridge, log-prob parity and GRPO steps on CUDA), logprobs (the Megatron
-# TP1 actor against FSDP on the same batch), offload (FSDP2 offload, megatron offload).
+# TP1 actor against FSDP on the same batch), offload (FSDP2 offload, megatron offload),
+# async_sync (asynchronous training's NCCL weight channel and a two-GPU run; 2+ GPUs).
 # Results: docs/gpu_benchmarks.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -98,6 +99,8 @@ if (( dry )); then
     part logprobs 300 "$python" tools/gpu/megatron_fsdp_logprobs.py --tiny --device cpu \
         --out "$out/logprobs.json"
     part offload 300 "$python" tools/gpu/check_offload.py --cpu --out "$out/offload.json"
+    part async_sync 300 "$python" tools/gpu/async_weight_sync_check.py --cpu \
+        --out "$out/async_sync.json"
 else
     part main_job 110 bash -c "$(declare -f main_job); main_job 100 cuda"
     part train_mfu 130 "$python" tools/gpu/train_mfu.py --profile 12 --out "$out/train_mfu.json"
@@ -106,6 +109,8 @@ else
     part megatron 180 "$python" tools/gpu/check_megatron.py --out "$out/megatron.json"
     part logprobs 45 "$python" tools/gpu/megatron_fsdp_logprobs.py --out "$out/logprobs.json"
     part offload 240 "$python" tools/gpu/check_offload.py --out "$out/offload.json"
+    part async_sync 240 "$python" tools/gpu/async_weight_sync_check.py \
+        --out "$out/async_sync.json"
 fi
 "$python" tools/gpu/check_summary.py "$status_file" "$out" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}

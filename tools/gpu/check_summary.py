@@ -66,8 +66,20 @@ def offload(r: dict) -> str:
         (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
+def async_sync(r: dict) -> str:
+    c = r["channel"]
+    words = (f"{c['backend']} channel {'exact' if c.get('exact') else 'NOT exact'}, "
+             f"{c.get('bytes', 0) / 1e9:.2f} GB at {c.get('gbps', 0):.1f} GB/s")
+    run = r.get("run")
+    if run is None:
+        return words + f"; two-GPU run skipped ({r['gpus']} GPU)"
+    return words + (f"; run {run['steps']} steps, lag max {run['lag_max']:g}, median step "
+                    f"{run['step_s']:.3f} s" if run.get("ok") else "; run FAILED")
+
+
 HEADLINES = {"main_job": main_job, "train_mfu": train_mfu, "step_floor": step_floor,
-             "megatron": megatron, "logprobs": logprobs, "offload": offload}
+             "megatron": megatron, "logprobs": logprobs, "offload": offload,
+             "async_sync": async_sync}
 
 
 def main(argv=None) -> int:
