@@ -2,7 +2,8 @@
 
 Reads each run's ``metrics.jsonl`` and draws reward, validation score, response length,
 KL, entropy and step time against the step (top row) and against training time (bottom
-row: the running sum of ``timing_s/step``). One run: ``RUN_DIR/curves.png``. Several runs
+row: ``timing_s/wall``, the wall clock since training began, or the running sum of
+``timing_s/step`` for runs that did not log it). One run: ``RUN_DIR/curves.png``. Several runs
 are overlaid with a legend, written to each RUN_DIR, or once to ``--out FILE``. A metric no
 run logged is left out; KL is left out when it is zero throughout (KL off).
 
@@ -22,6 +23,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 STEP_TIME = "timing_s/step"
+WALL = "timing_s/wall"
 # (title, candidate metrics: the first one with data is drawn, skip when all zero)
 PANELS: Tuple[Tuple[str, Tuple[str, ...], bool], ...] = (
     ("reward", ("critic/score/mean",), False),
@@ -64,10 +66,13 @@ class Run:
             raise PlotError(f"{path}: no records")
         self.train = [train[s] for s in sorted(train)]
         self.val = [val[s] for s in sorted(val)]
-        # training time at the end of each step: the running sum of timing_s/step
+        # training time at the end of each step: the wall clock since training began
+        # (timing_s/wall: validations and, asynchronously, waits included), or for runs
+        # that did not log it the running sum of timing_s/step
         self._steps = [int(r["step"]) for r in self.train]
-        self._clock = list(itertools.accumulate(_number(r.get(STEP_TIME)) or 0.0
-                                                for r in self.train))
+        walls = [_number(r.get(WALL)) for r in self.train]
+        self._clock = walls if self.train and None not in walls else \
+            list(itertools.accumulate(_number(r.get(STEP_TIME)) or 0.0 for r in self.train))
 
     def series(self, key: str, wall: bool) -> Tuple[List[float], List[float]]:
         xs, ys = [], []
