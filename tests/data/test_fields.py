@@ -46,6 +46,8 @@ OTHER_FIELDS = {
     fields.REWARD_MODEL: "a custom loader keeping verl's nested layout",
     fields.REWARD_BASELINES: "remax (the greedy baseline's score)",
     fields.ROUTED_EXPERTS: "the megatron actor's old-log-prob pass with router replay R2",
+    fields.POLICY_VERSION: "asynchronous training's rollout worker",
+    fields.TOKEN_POLICY_VERSION: "the hf rollout with a pause hook (partial rollouts)",
 }
 
 

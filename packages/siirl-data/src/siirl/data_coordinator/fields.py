@@ -30,8 +30,11 @@ REWARD_MODEL = "reward_model"  # non-tensor dict {ground_truth, ...}: verl's lay
 
 # --- rollout (MODEL_INFERENCE / ROLLOUT): n rows per prompt ---------------------------
 # long [B]: the weight version (trainer step) of the policy that generated the row
-# (asynchronous training; absent otherwise)
+# (asynchronous training; absent otherwise); with partial rollouts its oldest token's
 POLICY_VERSION = "policy_version"
+# long [B, R]: the weight version that sampled each response token, -1 on padding (the hf
+# rollout with a pause hook: partial rollouts, siirl.engine.rollout.partial_rollout)
+TOKEN_POLICY_VERSION = "token_policy_version"
 UID = "uid"  # non-tensor str: group id of the n samples of one prompt (str(sample_id))
 PROMPTS = "prompts"  # long [B, P]: the prompt part of input_ids
 RESPONSES = "responses"  # long [B, R]: generated tokens, pad after EOS

@@ -15,6 +15,13 @@ prompt's ``sample_id`` (from the dataloader), its index among the ``n`` samples,
 training step and the token position, so the same prompt gets the same response whichever
 worker generates it and whatever else is in the batch. Batches without ``sample_id`` key
 their rows from torch's global RNG instead.
+
+Partial rollouts (asynchronous training): ``set_pause_hook(hook)`` makes a training
+``generate`` pause between decode steps when ``hook.pending()``, load the new weights
+(``hook.swap()``, which calls ``load_weights``) and continue the unfinished responses under
+them; each response token then records the version that sampled it (``token_policy_version``)
+and each row its oldest token's (``policy_version``). See ``partial_rollout`` for the hook's
+contract. No hook (the default) and validation: no pause, no change.
 """
 
 from __future__ import annotations
@@ -27,13 +34,21 @@ from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     INPUT_IDS,
+    POLICY_VERSION,
     ROLLOUT_LOG_PROBS,
+    TOKEN_POLICY_VERSION,
     model_extra_inputs,
 )
 from siirl.engine.common.runtime import module_device
 from siirl.engine.common.sharded_modules import full_weights
 from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.rollout.base import RolloutBase, as_int, postprocess_responses
+from siirl.engine.rollout.partial_rollout import (
+    PauseHook,
+    continuation_inputs,
+    decode_with_pauses,
+    policy_versions,
+)
 from siirl.engine.rollout.sampler import decode
 from siirl.engine.rollout.sampling import sample_next_token
 
@@ -53,6 +68,18 @@ class HFRollout(RolloutBase):
         super().__init__(role, config, worker, peers)
         self._module = module
         self._tokenizer = tokenizer
+        self._pause_hook: PauseHook | None = None
+
+    def set_pause_hook(self, hook: PauseHook | None) -> None:
+        """Partial rollouts: training ``generate`` calls pause for new weights when
+        ``hook.pending()`` and continue under them (``partial_rollout``); None clears it."""
+        for name in ("pending", "swap", "version"):
+            if hook is not None and not callable(getattr(hook, name, None)):
+                raise TypeError(f"HFRollout.set_pause_hook: the hook {hook!r} has no "
+                                f"method {name}(); it needs pending() -> bool (new weights "
+                                "wait), swap() -> int (load them, return their version) "
+                                "and version() -> int (the version loaded now)")
+        self._pause_hook = hook
 
     # -- the policy is looked up on each call, so a swapped-in actor module is used too --
     def policy(self) -> tuple[torch.nn.Module, Any]:
@@ -102,28 +129,62 @@ class HFRollout(RolloutBase):
         module.eval()
         parts, log_prob_parts = [], []
         with_log_probs = not validate and self.reports_log_probs()
+        hook = None if validate else self._pause_hook
+        versions = None  # (per-token versions [B, R], the version at the start): with a hook
         try:
             reshard = bool(self.cfg.actor_rollout_ref.actor.fsdp_config.reshard_after_forward)
-            # sharded: weights gathered once per call, then every forward is local
-            with full_weights(module, reshard):
-                for start in range(0, prompts.shape[0], chunk):
-                    rows = slice(start, start + chunk)
-                    tokens = decode(module, prompts[rows].to(device),
-                                    prompt_mask[rows].to(device), prompt_pos[rows].to(device),
-                                    width, eos_ids, pad_id, **params, keys=keys[rows].to(device),
-                                    extras={k: v[rows].to(device) for k, v in extras.items()},
-                                    with_log_probs=with_log_probs)
-                    if with_log_probs:
-                        tokens, log_probs = tokens
-                        log_prob_parts.append(torch.nn.functional.pad(
-                            log_probs.cpu(), (0, width - log_probs.shape[1])))
-                    parts.append(postprocess_responses(tokens.cpu(), width, eos_ids, pad_id))
+            if hook is not None:
+                def run(index, prefix, pause):  # rows `index` after their `prefix` tokens
+                    ids, mask, pos = continuation_inputs(
+                        prompts[index].to(device), prompt_mask[index].to(device),
+                        prompt_pos[index].to(device), prefix.to(device))
+                    return decode(module, ids, mask, pos, width - prefix.shape[1], eos_ids,
+                                  pad_id, **params, keys=keys[index].to(device),
+                                  extras={k: v[index].to(device) for k, v in extras.items()},
+                                  with_log_probs=with_log_probs, first_draw=prefix.shape[1],
+                                  pause=pause)
+
+                first_version = int(hook.version())
+                tokens, log_probs, per_token = decode_with_pauses(
+                    hook, lambda: full_weights(module, reshard), run, prompts.shape[0],
+                    width, chunk, pad_id, with_log_probs)
+                parts.append(postprocess_responses(tokens, width, eos_ids, pad_id))
+                log_prob_parts += [] if log_probs is None else [log_probs]
+                versions = (per_token, first_version)
+            else:
+                # sharded: weights gathered once per call, then every forward is local
+                with full_weights(module, reshard):
+                    for start in range(0, prompts.shape[0], chunk):
+                        rows = slice(start, start + chunk)
+                        tokens = decode(module, prompts[rows].to(device),
+                                        prompt_mask[rows].to(device),
+                                        prompt_pos[rows].to(device), width, eos_ids, pad_id,
+                                        **params, keys=keys[rows].to(device),
+                                        extras={k: v[rows].to(device)
+                                                for k, v in extras.items()},
+                                        with_log_probs=with_log_probs)
+                        if with_log_probs:
+                            tokens, log_probs = tokens
+                            log_prob_parts.append(torch.nn.functional.pad(
+                                log_probs.cpu(), (0, width - log_probs.shape[1])))
+                        parts.append(postprocess_responses(tokens.cpu(), width, eos_ids,
+                                                           pad_id))
         finally:
             for m, mode in modes:
                 m.training = mode
+        return self._finish(out, parts, log_prob_parts, eos_ids, versions)
+
+    def _finish(self, out: Any, parts: list, log_prob_parts: list, eos_ids: list[int],
+                versions: tuple[torch.Tensor, int] | None = None) -> NodeOutput:
+        """The response fields from the chunks' ``(responses, response_mask)`` and
+        log-probs, and, for a call with a pause hook, the policy versions."""
         responses = torch.cat([p[0] for p in parts])
         response_mask = torch.cat([p[1] for p in parts])
         self.finish(out, responses, response_mask)
-        if with_log_probs:
+        if log_prob_parts:
             out.set(ROLLOUT_LOG_PROBS, torch.cat(log_prob_parts) * response_mask)
+        if versions is not None:
+            per_token, oldest = policy_versions(versions[0], response_mask, versions[1])
+            out.set(TOKEN_POLICY_VERSION, per_token.to(out[INPUT_IDS].device))
+            out.set(POLICY_VERSION, oldest.to(out[INPUT_IDS].device))
         return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))

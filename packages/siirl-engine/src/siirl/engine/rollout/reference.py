@@ -5,6 +5,8 @@ whose cache is not a transformers ``Cache``."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
@@ -22,11 +24,17 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
                      temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
                      keys: torch.Tensor | None = None,
                      extras: dict[str, torch.Tensor] | None = None,
-                     with_log_probs: bool = False):
-    """Same contract as ``sampler.decode``."""
+                     with_log_probs: bool = False, first_draw: int = 0,
+                     pause: Callable[[], bool] | None = None):
+    """Same contract as ``sampler.decode``, ``pause`` included (asked between steps)."""
+    from siirl.engine.rollout.sampler import Decoded
+
     rows = input_ids.shape[0]
+    unfinished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     if max_new_tokens <= 0 or rows == 0:
         empty = input_ids.new_zeros((rows, 0))
+        if pause is not None:
+            return Decoded(empty, empty.float() if with_log_probs else None, unfinished)
         return (empty, empty.float()) if with_log_probs else empty
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     cache_name = cache_argument(module)
@@ -38,7 +46,7 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
     ones = attention_mask.new_ones((rows, 1))
     tokens, log_probs = [], []
     for step in range(max_new_tokens):
-        noise = uniforms(keys, step) if keys is not None and not greedy else None
+        noise = uniforms(keys, first_draw + step) if keys is not None and not greedy else None
         tok = sample_next_token(out.logits[:, -1, :], greedy, temperature, top_k, top_p,
                                 noise)
         if with_log_probs:
@@ -49,11 +57,16 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
         finished |= torch.isin(tok, eos)
         if step == max_new_tokens - 1 or bool(finished.all()):
             break
+        if pause is not None and pause():
+            unfinished = ~finished
+            break
         attention_mask = torch.cat([attention_mask, ones], dim=1)
         out = module(input_ids=tok[:, None], attention_mask=attention_mask,
                      position_ids=next_pos, use_cache=True, **keep_last,
                      **{cache_name: output_cache(out)})
         next_pos = next_pos + 1
-    if with_log_probs:
-        return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1)
-    return torch.stack(tokens, dim=1)
+    tokens = torch.stack(tokens, dim=1)
+    log_probs = torch.stack(log_probs, dim=1) if with_log_probs else None
+    if pause is not None:
+        return Decoded(tokens, log_probs, unfinished)
+    return tokens if log_probs is None else (tokens, log_probs)

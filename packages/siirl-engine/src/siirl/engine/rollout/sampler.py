@@ -12,6 +12,13 @@ a linear layer's rows do not depend on the other rows of its batch, except that 
 (MKL on x86) takes another path, with other rounding, for matrices of fewer than 4 rows; so
 the loop never runs fewer rows than ``min(rows, 4)`` where the reference ran ``rows``.
 
+Partial rollouts (``partial_rollout``): given ``pause`` (a no-argument callable, the pause
+hook's ``pending``), the loop asks it between decode steps, after each token and before the
+next forward, and stops early when it says True; it then returns a ``Decoded`` naming the
+rows the pause stopped, so that the caller can load new weights and continue them from
+prompt + tokens so far (``first_draw``: the continuation's noise is the row's own stream at
+its token offset). Without ``pause`` nothing is asked and the return value is unchanged.
+
 Measured and left out (tools/bench/sampler.py, CPU): a static or preallocated KV cache
 written in place instead of transformers' per-step ``torch.cat`` was no faster on the
 built-in model or SmolLM2-135M (and a static cache changes logits by ~1e-5: attention runs
@@ -20,6 +27,8 @@ over the padded length).
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
@@ -27,10 +36,26 @@ from siirl.engine.rollout.keyed_random import uniforms
 from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
 
-__all__ = ["decode", "distinct_rows"]
+__all__ = ["Decoded", "decode", "distinct_rows"]
 
 # fewer rows than this and a matmul's rounding can change (see the module docstring)
 _MIN_ROWS = 4
+
+
+class Decoded(NamedTuple):
+    """``decode``'s result when it was given ``pause``."""
+
+    tokens: torch.Tensor  # long [B, T]: as without ``pause``
+    log_probs: torch.Tensor | None  # float32 [B, T] with ``with_log_probs``, else None
+    # bool [B]: rows the pause stopped before they emitted EOS or reached max_new_tokens;
+    # each has all T tokens (rows decode in lockstep)
+    unfinished: torch.Tensor
+
+
+def _result(tokens, log_probs, unfinished, pause):
+    if pause is not None:
+        return Decoded(tokens, log_probs, unfinished)
+    return tokens if log_probs is None else (tokens, log_probs)
 
 
 def distinct_rows(*columns: torch.Tensor, at_least: int = 1
@@ -55,7 +80,8 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
            position_ids: torch.Tensor, max_new_tokens: int, eos_ids: list[int], pad_id: int,
            greedy: bool, temperature: float = 1.0, top_k: int = -1,
            top_p: float = 1.0, keys: torch.Tensor | None = None,
-           extras: dict[str, torch.Tensor] | None = None, with_log_probs: bool = False):
+           extras: dict[str, torch.Tensor] | None = None, with_log_probs: bool = False,
+           first_draw: int = 0, pause: Callable[[], bool] | None = None):
     """Generated tokens [B, T<=max_new_tokens] for left-padded prompts; rows that finished
     (emitted an EOS) get ``pad_id`` afterwards; stops early once every row finished.
     ``with_log_probs``: ``(tokens, log_probs)``, each sampled token's log-prob under the
@@ -63,11 +89,15 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     a row finished.
     ``keys`` (int64 [B]) give each row its own random stream (see ``keyed_random``).
     ``extras`` (per-row tensors, e.g. a VLA's ``pixel_values``) go to the prefill only: the
-    steps after it feed new tokens, which the cache already conditions on them."""
+    steps after it feed new tokens, which the cache already conditions on them.
+    ``first_draw``: the keyed draw number of the first new token (a continued row's token
+    offset). ``pause``: asked between steps; True stops the loop and the result is a
+    ``Decoded`` (always one when ``pause`` is given)."""
     rows, width = input_ids.shape
     if max_new_tokens <= 0 or rows == 0:
         empty = input_ids.new_zeros((rows, 0))
-        return (empty, empty.float()) if with_log_probs else empty
+        return _result(empty, empty.float() if with_log_probs else None,
+                       torch.zeros(rows, dtype=torch.bool, device=input_ids.device), pause)
     floor = min(rows, _MIN_ROWS)
     keep_last = {"logits_to_keep": 1} if accepts_kwarg(module, "logits_to_keep") else {}
     cache_name = cache_argument(module)
@@ -87,7 +117,8 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
         from siirl.engine.rollout.reference import reference_decode
         return reference_decode(module, input_ids, attention_mask, position_ids,
                                 max_new_tokens, eos_ids, pad_id, greedy, temperature,
-                                top_k, top_p, keys, extras, with_log_probs)
+                                top_k, top_p, keys, extras, with_log_probs, first_draw,
+                                pause)
     logits = out.logits[:, -1, :]
     if groups is not None:  # then one row per sample
         logits = logits.index_select(0, groups[1])
@@ -100,9 +131,9 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
                             device=input_ids.device) if with_log_probs else None
     live = torch.arange(rows, device=input_ids.device)  # output row of each batch row
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    step = 0
+    step, unfinished = 0, torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     for step in range(max_new_tokens):
-        noise = uniforms(keys, step) if keys is not None and not greedy else None
+        noise = uniforms(keys, first_draw + step) if keys is not None and not greedy else None
         tok = sample_next_token(logits, greedy, temperature, top_k, top_p, noise)
         if log_probs is not None:
             chosen = token_logprobs(logits, tok, temperature)[0]
@@ -115,6 +146,9 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
             break
         done = int(finished.sum())
         if done == live.numel():
+            break
+        if pause is not None and pause():
+            unfinished[live[~finished]] = True
             break
         # copying the cache once costs about one step's attention; dropping `done` of the
         # live rows saves that share of each step still to come
@@ -132,6 +166,5 @@ def decode(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
                      **{cache_name: cache})
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
-    if log_probs is not None:
-        return tokens[:, :step + 1], log_probs[:, :step + 1]
-    return tokens[:, :step + 1]
+    return _result(tokens[:, :step + 1],
+                   None if log_probs is None else log_probs[:, :step + 1], unfinished, pause)
