@@ -2,8 +2,9 @@
 
 * At lag 0 (staleness 0, a sync after every step) the run is the synchronous one, bit
   for bit: the same samples, losses and gradient norms.
-* One step off policy (staleness 1): the policy lag stays within its bound on every step,
-  the asynchronous metrics are logged, validation runs on the rollout worker.
+* One step off policy (staleness 1, partial rollouts, two generation calls per step): the
+  policy lag stays within its bound on every step, the asynchronous metrics are logged,
+  validation runs on the rollout worker.
 * kill -9 at any point, then the same command: every step is recorded once and every
   prompt of every epoch is trained exactly once.
 """
@@ -78,14 +79,16 @@ def test_lag_zero_trains_exactly_like_the_synchronous_run(tmp_path):
 
 def test_one_step_off_policy_keeps_the_lag_bound_and_logs_the_async_metrics(tmp_path):
     train(tmp_path, "trainer.total_training_steps=8", "trainer.test_freq=4", *ASYNC,
-          "async_training.staleness_threshold=1")
+          "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
+          "data.gen_batch_size=8")
     steps = training(tmp_path)
     assert sorted(steps) == list(range(1, 9))
     for step, record in steps.items():
         assert record["async/policy_lag/max"] <= 1, step  # k * (ceil(s) + 1) - 1
         for key in ("async/policy_lag/mean", "async/stale_dropped", "async/queue_depth",
                     "timing_s/wait_rollout", "timing_s/wait_train", "timing_s/weight_sync",
-                    "timing_s/step", "actor/pg_loss", "timing_s/rollout_actor"):
+                    "timing_s/step", "actor/pg_loss", "timing_s/rollout_actor",
+                    "async/partial_ratio"):  # tokens record their versions
             assert key in record, (step, key)
         assert record["weight_sync/bytes"] > 0
     # the rollout ran ahead: some step trained samples of the previous weights

@@ -20,8 +20,9 @@ def _on(config: Any, key: str) -> bool:
     return bool(get(config, ENABLE))
 
 
-def _set_on(config: Any, key: str) -> bool:
-    return _on(config, key) and bool(get(config, key))
+def _partial_off_hf(config: Any, key: str) -> bool:
+    return _on(config, key) and bool(get(config, key)) and \
+        str(get(config, "actor_rollout_ref.rollout.name")) != "hf"
 
 
 def _pool_on(config: Any, key: str) -> bool:
@@ -56,10 +57,10 @@ RULES: Tuple[Rule, ...] = (
            "no effect without async_training.enable",
            "asynchronous training is off (async_training.enable=false): rollout and training "
            "take turns on every worker.", _off),
-    refused("async_training.partial_rollout", "partial rollouts are not implemented yet",
-            "in-flight generations finish under the weights they started with; a weight sync "
-            "waits for the current generation call (keep data.gen_batch_size small to keep "
-            "that wait short).", _set_on),
+    refused("async_training.partial_rollout", "partial rollouts need the hf rollout",
+            "only the built-in hf rollout pauses a generation call for new weights and goes "
+            "on under them for now; with vllm a sync waits for the current call (keep "
+            "data.gen_batch_size small to keep that wait short).", _partial_off_hf),
     refused("rollout.n_gpus_per_node", "one rollout worker for now",
             "an asynchronous run has one rollout worker in this release (its generation "
             "calls are not coordinated with a second one's yet): set rollout.n_gpus_per_node=1 "

@@ -51,7 +51,8 @@ def split_groups(rows: Any, metrics: Dict[str, float]) -> List[Group]:
     groups = []
     for index in group_indices(rows, UID).values():
         part = select_rows(rows, index)
-        groups.append(Group(part, int(part[POLICY_VERSION][0]), int(part[SAMPLE_ID][0]),
+        # its oldest sample's version (a partial rollout's oldest token's)
+        groups.append(Group(part, int(part[POLICY_VERSION].min()), int(part[SAMPLE_ID][0]),
                             metrics))
     return groups
 

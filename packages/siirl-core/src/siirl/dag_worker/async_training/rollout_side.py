@@ -131,6 +131,29 @@ class WeightInbox:
         self._thread.join(timeout=30)
 
 
+class PauseForWeights:
+    """The rollout engine's pause hook for partial rollouts (``async_training.
+    partial_rollout``): between two decoding steps the engine asks whether new weights
+    wait, and if so has them loaded and goes on under them, each token recording the
+    version that sampled it."""
+
+    def __init__(self, loop: AsyncRollout):
+        self.loop = loop
+
+    def pending(self) -> bool:
+        return not self.loop.inbox.items.empty()
+
+    def swap(self) -> int:
+        notes, buckets = self.loop.inbox.get(block=True)
+        self.loop._apply(notes, buckets)
+        # validation waits for the end of the call; a stop lets the call finish
+        self.loop.validate_due = self.loop.validate_due or bool(notes.get("validate"))
+        return self.loop.version
+
+    def version(self) -> int:
+        return self.loop.version
+
+
 class AsyncRollout:
     def __init__(self, worker: Any, groups: Any, shape: AsyncShape):
         self.worker, self.groups, self.shape = worker, groups, shape
@@ -141,6 +164,8 @@ class AsyncRollout:
         self.stop = False
         self.sent_groups = 0
         self.group_filter = stream_filter(worker.config)
+        self.inbox: Optional[WeightInbox] = None
+        self.validate_due = False  # a sync that arrived within a generation call asked
 
     def run(self) -> None:
         worker = self.worker
@@ -148,7 +173,9 @@ class AsyncRollout:
         engines = worker.engines
         if "actor" in engines:  # its module is the rollout's copy, refreshed by the syncs
             engines.get("actor").trains_module_in_place = False
-        inbox = WeightInbox(self.groups.weights)
+        inbox = self.inbox = WeightInbox(self.groups.weights)
+        if worker.config.async_training.partial_rollout:  # pause calls for new weights
+            engines.get("rollout").set_pause_hook(PauseForWeights(self))
         first = inbox.get(block=True)
         self._apply(*first)
         self.feed = PromptFeed(worker.train_loader, PromptLedger(first[0].get("done", ())))
@@ -170,6 +197,9 @@ class AsyncRollout:
                     self._validate()
                 continue
             self._generate_and_send()
+            if self.validate_due:
+                self.validate_due = False
+                self._validate()
         for trainer in self.groups.trainers:
             wire.send_message(wire.END, None, trainer, self.groups.pairs[(self.groups.rank,
                                                                          trainer)])
@@ -212,7 +242,9 @@ class AsyncRollout:
         worker.global_step = version + 1
         result = worker.execute_task_graph(prompts)
         rows = with_sample_ids(next(iter(result.outputs.values())).batch, prompts)
-        rows.set(POLICY_VERSION, torch.full((rows.batch_size[0],), version, dtype=torch.long))
+        if POLICY_VERSION not in rows.keys():  # else a partial rollout's oldest token's
+            rows.set(POLICY_VERSION, torch.full((rows.batch_size[0],), version,
+                                                dtype=torch.long))
         metrics = {k: float(v) for k, v in result.metrics.items() if k != "timing_s/step"}
         metrics["timing_s/wait_train"] = self.waited
         self.waited = 0.0

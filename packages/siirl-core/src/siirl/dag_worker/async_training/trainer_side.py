@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Dict, List
 
+import torch
+
 from siirl.dag_worker.async_training import wire
 from siirl.dag_worker.async_training.group_queue import GroupQueue, batch_of, split_groups
 from siirl.dag_worker.async_training.prompt_ledger import PromptLedger
@@ -30,9 +32,19 @@ from siirl.dag_worker.walk.step_health import StepHealth
 from siirl.dag_worker.walk.tracking import Tracking, build_tracking
 from siirl.dag_worker.walk.trainer_loop import Trainer, is_due
 from siirl.dag_worker.walk.weight_sync import bucket_bytes_of
+from siirl.data_coordinator.fields import TOKEN_POLICY_VERSION
 
 # summed over the rollout calls a step trains from, not averaged
 SUMMED = ("timing_s/wait_train",)
+
+
+def versions_spanned(rows: Any) -> tuple:
+    """(samples whose response tokens came from more than one weight version, samples)."""
+    versions = rows[TOKEN_POLICY_VERSION]
+    valid = versions >= 0
+    high = torch.where(valid, versions, torch.full_like(versions, -1)).amax(dim=-1)
+    low = torch.where(valid, versions, torch.full_like(versions, 1 << 40)).amin(dim=-1)
+    return int(((high > low) & valid.any(dim=-1)).sum()), int(versions.shape[0])
 
 
 class AsyncTrainer(Trainer):
@@ -126,6 +138,10 @@ class AsyncTrainer(Trainer):
             values = [float(m[name]) for m in calls.values() if name in m]
             metrics[name] = sum(values) if name in SUMMED else sum(values) / len(values)
         lags = [self.worker.global_step - g.version for g in fresh]
+        spans = [versions_spanned(g.rows) for g in fresh if TOKEN_POLICY_VERSION in g.rows.keys()]
+        if spans:  # partial rollouts: samples whose tokens came from several weight versions
+            partial = sum(s for s, _ in spans)
+            metrics["async/partial_ratio"] = partial / max(sum(n for _, n in spans), 1)
         metrics.update({"async/policy_lag/mean": sum(lags) / len(lags),
                         "async/policy_lag/max": float(max(lags)),
                         "async/stale_dropped": float(len(stale)),
