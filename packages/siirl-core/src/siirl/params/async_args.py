@@ -24,13 +24,16 @@ class AsyncTrainingArguments:
                 "the prompts the trainer consumes in that time; 0 is synchronous streaming, "
                 "1 about one-step-off-policy"})
     trigger_parameter_sync_step: int = field(default=1, metadata={
-        "help": "verl: trainer steps (local updates) between two weight syncs"})
+        "help": "verl: trainer steps (local updates) between two weight syncs (siiRL: "
+                "the policy lag stays within k * (ceil(staleness_threshold) + 1) - 1; a "
+                "sample beyond it is dropped and generated again)"})
     require_batches: int = field(default=1, metadata={
         "help": "verl: a trainer step trains this many actor.ppo_mini_batch_size batches "
-                "of prompt groups"})
+                "of prompt groups (siiRL: data.train_batch_size must equal their product; "
+                "verl ignores it)"})
     partial_rollout: bool = field(default=False, metadata={
         "help": "verl: pause in-flight generations at a weight sync and go on under the "
-                "new weights"})
+                "new weights (siiRL: the hf rollout; each token records its version)"})
 
 
 @dataclass

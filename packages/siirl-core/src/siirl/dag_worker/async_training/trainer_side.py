@@ -24,18 +24,43 @@ from siirl.dag_worker.async_training.group_queue import GroupQueue, batch_of, sp
 from siirl.dag_worker.async_training.prompt_ledger import PromptLedger
 from siirl.dag_worker.async_training.prompt_record import PromptRecord
 from siirl.dag_worker.async_training.shape import AsyncShape
-from siirl.dag_worker.walk import startup
 from siirl.dag_worker.walk.console import Progress
 from siirl.dag_worker.walk.quiet_libraries import QuietLibraries
-from siirl.dag_worker.walk.step_budget import StepBudget
-from siirl.dag_worker.walk.step_health import StepHealth
-from siirl.dag_worker.walk.tracking import Tracking, build_tracking
+from siirl.dag_worker.walk.tracking import Tracking
 from siirl.dag_worker.walk.trainer_loop import Trainer, is_due
 from siirl.dag_worker.walk.weight_sync import bucket_bytes_of
 from siirl.data_coordinator.fields import TOKEN_POLICY_VERSION
 
 # summed over the rollout calls a step trains from, not averaged
 SUMMED = ("timing_s/wait_train",)
+
+
+class Background:
+    """One call at a time on a thread of its own; ``join`` waits for it and raises what it
+    raised."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._thread: Any = None
+        self._error: Any = None
+
+    def start(self, func: Any, *args: Any) -> None:
+        def run() -> None:
+            try:
+                func(*args)
+            except BaseException as error:  # raised by join, in the trainer's thread
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("the weight sync to the rollout workers failed") from error
 
 
 def versions_spanned(rows: Any) -> tuple:
@@ -59,6 +84,7 @@ class AsyncTrainer(Trainer):
         self.filtered: List[int] = []  # prompts the stream dropped: done, not trained
         self._lock = threading.Lock()
         self._receivers: List[threading.Thread] = []
+        self._sender = Background("siirl-weights-out")
         self._last_val = -1
 
     # -- checkpoint state ------------------------------------------------------------------
@@ -123,14 +149,27 @@ class AsyncTrainer(Trainer):
             done = PromptLedger(r for part in comm.all_gather(done.state()) for r in part)
             notes["done"] = done.state()
         buckets = self.worker.engines.get("actor").export_weights(bucket_bytes_of(self.config))
-        if self.groups.weights is not None:
-            sent = self.groups.weights.send(buckets, notes)
-        else:  # the export is collective over the trainers; rank 0 alone sends
+        weights = self.groups.weights
+        self._sender.join()  # the previous sync's broadcast (syncs go out in order)
+        if weights is None:  # the export is collective over the trainers; rank 0 sends
             sent = sum(0 for _ in buckets)
+        elif weights.data is weights.meta and not stop:
+            # gloo (CPU): a snapshot of the weights goes out beside the next step, which
+            # changes the weights in place; NCCL broadcasts at once (one stream per group)
+            snapshot = [[(name, tensor.detach().clone()) for name, tensor in bucket]
+                        for bucket in buckets]
+            sent = sum(t.numel() * t.element_size() for b in snapshot for _, t in b)
+            self._sender.start(weights.send, snapshot, notes)
+        else:
+            sent = weights.send(buckets, notes)
         return {"timing_s/weight_sync": time.perf_counter() - start,
                 "weight_sync/bytes": float(sent)}
 
     # -- the loop ----------------------------------------------------------------------
+    def _steps_per_epoch(self) -> int:
+        loader = self.worker.train_loader  # the rollout's prompts: gen_batch_size a call
+        return len(loader) * loader.batch_size * loader.num_ranks // self.shape.step_prompts
+
     def _step_metrics(self, fresh: List[Any], stale: List[Any], waited: float) -> Dict:
         metrics: Dict[str, float] = {}
         calls = {id(g.metrics): g.metrics for g in fresh}
@@ -157,32 +196,14 @@ class AsyncTrainer(Trainer):
                 history.append({"step": found["step"], **found["metrics"]})
 
     def _fit(self, quiet: QuietLibraries) -> list:
-        set_up = time.perf_counter()
         worker, config, comm = self.worker, self.config, self.worker.comm
-        worker.setup()
-        quiet.watch_loggers()
-        loader = worker.train_loader  # the rollout's prompts: data.gen_batch_size a call
-        per_epoch = len(loader) * loader.batch_size * loader.num_ranks
-        budget = StepBudget.of(config, per_epoch // self.shape.step_prompts)
-        steps = budget.steps
-        worker.set_total_training_steps(steps)
-        resumed = self._maybe_resume()
-        if comm.is_chief:
-            at_step = worker.global_step
-            notice = budget.finished_notice(at_step) if resumed and at_step >= steps \
-                else budget.capped_notice()
-            if notice:
-                print(notice, flush=True)
-        startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
-        startup.settle()
-        keep = worker.global_step if resumed else -1
-        tracking = build_tracking(config, keep_through=keep,
-                                  custom_metrics=worker.metrics.custom_names) \
-            if comm.is_chief else Tracking([])
+        begun = self._begin(quiet)
+        steps, resumed, tracking, health = begun.steps, begun.resumed, begun.tracking, \
+            begun.health
+        startup_metrics, keep = begun.startup_metrics, begun.keep_through
         record = PromptRecord(config.trainer.default_local_dir, keep, comm.is_chief)
         history: list = []
         progress = None
-        health = StepHealth(config, self._reward_engine, chief=comm.is_chief)
         pad = getattr(worker.tokenizer, "pad_token_id", None) or 0
         self._start_receivers()
         try:
@@ -234,6 +255,7 @@ class AsyncTrainer(Trainer):
                                           self._trainer_state(), comm, final=last)
                 if comm.is_chief:
                     quiet.announce()
+            self._sender.join()
             for thread in self._receivers:  # each ends at its rollout worker's END
                 thread.join()
             self._log_validations(tracking, history)

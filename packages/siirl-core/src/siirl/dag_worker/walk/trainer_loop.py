@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -68,6 +69,18 @@ def _throughput(batch: Any, seconds: float) -> Dict[str, float]:
         return {}
     tokens = float(batch["attention_mask"].sum())
     return {"perf/total_num_tokens": tokens, "perf/throughput": tokens / max(seconds, 1e-9)}
+
+
+@dataclass
+class Begun:
+    """What ``Trainer._begin`` set up for the loop."""
+
+    steps: int
+    resumed: bool
+    keep_through: int  # the resumed step (records after it are redone), or -1
+    startup_metrics: Dict[str, float]
+    tracking: Tracking
+    health: StepHealth
 
 
 class Trainer:
@@ -176,16 +189,22 @@ class Trainer:
                 if comm.is_chief:
                     quiet.announce()
 
-    def _fit(self, quiet: QuietLibraries) -> list:
+    def _steps_per_epoch(self) -> Optional[int]:
+        loader = self.worker.train_loader
+        return len(loader) if loader is not None else None
+
+    def _begin(self, quiet: QuietLibraries) -> Begun:
+        """Set-up before the first step: engines and data, the step budget, the resume,
+        the trackers (``metrics.jsonl`` keeps the records up to the resumed step)."""
         set_up = time.perf_counter()
         self.worker.setup()
         quiet.watch_loggers()  # the handlers of libraries the engines loaded
-        loader = self.worker.train_loader
-        budget = StepBudget.of(self.config, len(loader) if loader is not None else None)
+        budget = StepBudget.of(self.config, self._steps_per_epoch())
         steps = budget.steps
         self.worker.set_total_training_steps(steps)
         resumed = self._maybe_resume()
-        if self.worker.comm.is_chief:  # a run asked for more steps than it will train
+        comm = self.worker.comm
+        if comm.is_chief:  # a run asked for more steps than it will train
             at_step = self.worker.global_step
             notice = budget.finished_notice(at_step) if resumed and at_step >= steps \
                 else budget.capped_notice()
@@ -193,15 +212,21 @@ class Trainer:
                 print(notice, flush=True)
         startup_metrics = {"timing_s/setup": time.perf_counter() - set_up}
         startup.settle()  # everything loaded: later collections skip it
-        comm = self.worker.comm
-        # metrics.jsonl keeps the records up to the resumed step (later ones are redone)
-        tracking = build_tracking(self.config, keep_through=self.worker.global_step
-                                  if resumed else -1,
+        keep = self.worker.global_step if resumed else -1
+        tracking = build_tracking(self.config, keep_through=keep,
                                   custom_metrics=self.worker.metrics.custom_names) \
             if comm.is_chief else Tracking([])
+        health = StepHealth(self.config, self._reward_engine, chief=comm.is_chief)
+        return Begun(steps, resumed, keep, startup_metrics, tracking, health)
+
+    def _fit(self, quiet: QuietLibraries) -> list:
+        begun = self._begin(quiet)
+        steps, resumed, tracking, health = begun.steps, begun.resumed, begun.tracking, \
+            begun.health
+        startup_metrics = begun.startup_metrics
+        comm = self.worker.comm
         history = []
         progress = None
-        health = StepHealth(self.config, self._reward_engine, chief=comm.is_chief)
         try:
             if self.config.trainer.val_only:
                 return self._validate_only(tracking)
