@@ -34,7 +34,7 @@ from typing import Callable, ContextManager, Protocol
 
 import torch
 
-from siirl.engine.rollout.sampler import Decoded
+from siirl.engine.rollout.decoded import Decoded
 
 __all__ = ["PauseHook", "continuation_inputs", "decode_with_pauses", "policy_versions"]
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
+from siirl.engine.rollout.decoded import Decoded
 from siirl.engine.rollout.keyed_random import uniforms
 from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
@@ -27,8 +28,6 @@ def reference_decode(module: torch.nn.Module, input_ids: torch.Tensor,
                      with_log_probs: bool = False, first_draw: int = 0,
                      pause: Callable[[], bool] | None = None):
     """Same contract as ``sampler.decode``, ``pause`` included (asked between steps)."""
-    from siirl.engine.rollout.sampler import Decoded
-
     rows = input_ids.shape[0]
     unfinished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     if max_new_tokens <= 0 or rows == 0:

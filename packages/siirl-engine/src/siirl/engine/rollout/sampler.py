@@ -27,11 +27,12 @@ over the padded length).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
 from siirl.engine.models.logprob import accepts_kwarg, token_logprobs
+from siirl.engine.rollout.decoded import Decoded
 from siirl.engine.rollout.keyed_random import uniforms
 from siirl.engine.rollout.kv_cache import cache_argument, output_cache
 from siirl.engine.rollout.sampling import sample_next_token
@@ -40,16 +41,6 @@ __all__ = ["Decoded", "decode", "distinct_rows"]
 
 # fewer rows than this and a matmul's rounding can change (see the module docstring)
 _MIN_ROWS = 4
-
-
-class Decoded(NamedTuple):
-    """``decode``'s result when it was given ``pause``."""
-
-    tokens: torch.Tensor  # long [B, T]: as without ``pause``
-    log_probs: torch.Tensor | None  # float32 [B, T] with ``with_log_probs``, else None
-    # bool [B]: rows the pause stopped before they emitted EOS or reached max_new_tokens;
-    # each has all T tokens (rows decode in lockstep)
-    unfinished: torch.Tensor
 
 
 def _result(tokens, log_probs, unfinished, pause):
