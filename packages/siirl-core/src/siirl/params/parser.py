@@ -51,9 +51,11 @@ def suggest(key: str) -> str:
     """' (did you mean X?)' for a close schema key, or ''."""
     # Never suggest a group that already contains the key ("trainer" for "trainer.foo").
     paths = [p for p in schema_paths() if not key.startswith(p + ".")]
-    close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
-    if not close:  # a short or misplaced key: "rollout.n" for "actor_rollout_ref.rollout.n"
-        close = [p for p in paths if p.endswith("." + key)][:1]
+    # a short or misplaced key first: "rollout.n" for "actor_rollout_ref.rollout.n" (the
+    # root rollout section's "rollout.nnodes" is only close in spelling)
+    close = [p for p in paths if p.endswith("." + key)][:1]
+    if not close:
+        close = difflib.get_close_matches(key, paths, n=1, cutoff=0.75)
     if not close:
         leaf = key.rsplit(".", 1)[-1]
         parent = key.rsplit(".", 1)[0] if "." in key else ""
