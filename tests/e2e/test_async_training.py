@@ -150,7 +150,7 @@ def test_agentic_frozenlake_streams_episodes_and_filters_groups_without_variance
           "async_training.staleness_threshold=1", "algorithm.filter_groups.enable=true",
           "trainer.total_training_steps=10", "trainer.test_freq=-1",
           "trainer.val_before_train=false", "data.train_batch_size=8",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+          "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4")
     steps = {r["step"]: r for r in records(tmp_path) if "env/success_rate" in r}
     assert sorted(steps) == list(range(1, 11))
     for step, record in steps.items():
