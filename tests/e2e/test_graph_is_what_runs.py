@@ -43,7 +43,8 @@ LEFT_OUT = {
     "embodied_grpo": {"actor_old_log_prob", "reference_log_prob"},
 }
 # timings that are not a node's
-NOT_NODES = ("step", "setup", "to_first_step", "weight_sync", "validation", "databuffer/")
+NOT_NODES = ("step", "setup", "to_first_step", "weight_sync", "validation", "databuffer/",
+             "wall")
 NODE_LINE = re.compile(r"^\s+(\S+) \[[A-Z_]+/[A-Z_]+\] <- ")
 
 
