@@ -23,9 +23,10 @@ def test_async_grpo_trains_ten_steps_with_a_vllm_server_rollout(tmp_path):
            str(ROOT / "configs/grpo_vllm.yaml"), "actor_rollout_ref.rollout.mode=server",
            "async_training.enable=true", "async_training.staleness_threshold=1",
            "trainer.device=cpu", "trainer.ray_address=local", f"trainer.ray_temp_dir={ray_dir}",
-           "trainer.total_training_steps=10", "trainer.test_freq=5", "trainer.logger=[]",
-           "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-           "actor_rollout_ref.rollout.n=4", f"trainer.default_local_dir={tmp_path}"]
+           "trainer.total_training_steps=10", "trainer.test_freq=10", "trainer.logger=[]",
+           "trainer.val_before_train=false", "data.train_batch_size=8",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+           f"trainer.default_local_dir={tmp_path}"]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ADDRESS="",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
@@ -35,7 +36,7 @@ def test_async_grpo_trains_ten_steps_with_a_vllm_server_rollout(tmp_path):
     train = [r for r in records if "critic/score/mean" in r]
     val = [r for r in records if "val/score/mean" in r]
     assert [r["step"] for r in train] == list(range(1, 11))
-    assert sorted(r["step"] for r in val) == [0, 5, 10]
+    assert [r["step"] for r in val] == [10]  # validated by the vLLM server, after a sync
     for record in train:
         assert record["weight_sync/bytes"] > 0 and record["async/policy_lag/max"] <= 1
         assert "actor/pg_loss" in record
