@@ -259,10 +259,32 @@ def megatron_backends_section() -> list:
                    "bf16 autocast).", _source(result)])
 
 
+def async_section() -> list:
+    result = _load("async_cpu")
+    if not result:
+        return []
+    lines = []
+    for i, r in enumerate(result["rounds"], 1):
+        lines.append(f"| {i} | {r['async']['steps_per_s']:.2f} | {r['sync']['steps_per_s']:.2f} "
+                     f"| {r['ratio']:.2f} | {r['async']['wait_share']:.1%} | "
+                     f"{r['val_gap_mean']:.3f} / {r['val_gap_last']:.3f} |")
+    m = result["summary"]
+    lines.append(f"| median | {m['async_steps_per_s']:.2f} | {m['sync_steps_per_s']:.2f} | "
+                 f"**{m['ratio']:.2f}** | {m['wait_share']:.1%} | "
+                 f"{m['val_gap_mean']:.3f} / {m['val_gap_last']:.3f} |")
+    return _table("**Asynchronous against synchronous training** (`tools/bench/async.py`: "
+                  f"`{result['config']}`, one rollout and one trainer worker, against the same "
+                  "preset with `async_training.enable=false` on 2 workers; see "
+                  "[docs/async.md](async.md)):",
+                  ["round", "async steps/s", "sync steps/s", "ratio", "trainer waiting",
+                   "validation gap mean / last"], lines, [_source(result)])
+
+
 SECTIONS: list = [step_section, sampler_section, vllm_rollout_section, startup_section,
                   databuffer_section,
                   scaling_section, cluster_traffic_section, packing_section,
-                  lora_memory_section, megatron_bf16_section, megatron_backends_section]
+                  lora_memory_section, megatron_bf16_section, megatron_backends_section,
+                  async_section]
 
 
 def render(sections: list = SECTIONS) -> str:
