@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
 import torch
 
@@ -52,15 +52,13 @@ def stream_filter(config: Any) -> Optional[Callable[[Any], Tuple[Any, List[int]]
     settings = config.algorithm.filter_groups
     if not settings.enable:
         return None
+    from siirl.dag_worker.nodes.dapo_filter import has_variance
     from siirl.dag_worker.nodes.group_filter import filter_groups, row_values
 
     metric = settings.metric or "seq_final_reward"
 
-    def keep(values: Any) -> bool:
-        return values.numel() == 1 or bool(values.std() > 0)
-
     def apply(rows: Any) -> Tuple[Any, List[int]]:
-        kept, _ = filter_groups(rows, row_values(rows, metric), keep)
+        kept, _ = filter_groups(rows, row_values(rows, metric), has_variance)
         before = set(rows[SAMPLE_ID].tolist())
         return kept, sorted(before - set(kept[SAMPLE_ID].tolist()))
 
@@ -158,7 +156,7 @@ class AsyncRollout:
     def __init__(self, worker: Any, groups: Any, shape: AsyncShape):
         self.worker, self.groups, self.shape = worker, groups, shape
         self.version = 0
-        self.outstanding: Dict[int, int] = {}  # sample id -> version it was generated at
+        self.outstanding: Set[int] = set()  # sample ids generated, not yet trained
         self.feed: Optional[PromptFeed] = None
         self.waited = 0.0  # back-pressure since the last call's rows were sent
         self.stop = False
@@ -176,28 +174,21 @@ class AsyncRollout:
         inbox = self.inbox = WeightInbox(self.groups.weights)
         if worker.config.async_training.partial_rollout:  # pause calls for new weights
             engines.get("rollout").set_pause_hook(PauseForWeights(self))
-        first = inbox.get(block=True)
-        self._apply(*first)
-        self.feed = PromptFeed(worker.train_loader, PromptLedger(first[0].get("done", ())))
-        if first[0].get("validate"):
-            self._validate()
+        notes, buckets = inbox.get(block=True)
+        self.feed = PromptFeed(worker.train_loader, PromptLedger(notes.get("done", ())))
+        self._take(notes, buckets)
         while not self.stop:
             item = inbox.get(block=False)
-            if item is not None:
-                self._apply(*item)
-                if item[0].get("validate"):
-                    self._validate()
-                continue
-            if len(self.outstanding) + self.shape.per_call > self.shape.outstanding_limit:
+            if item is None and \
+                    len(self.outstanding) + self.shape.per_call > self.shape.outstanding_limit:
                 start = time.perf_counter()
                 item = inbox.get(block=True)  # back-pressure: wait for the trainer
                 self.waited += time.perf_counter() - start
-                self._apply(*item)
-                if item[0].get("validate"):
-                    self._validate()
+            if item is not None:
+                self._take(*item)
                 continue
             self._generate_and_send()
-            if self.validate_due:
+            if self.validate_due:  # a sync within the call asked (partial rollouts)
                 self.validate_due = False
                 self._validate()
         for trainer in self.groups.trainers:
@@ -205,15 +196,21 @@ class AsyncRollout:
                                                                          trainer)])
         inbox.join()
 
+    def _take(self, notes: dict, buckets: List[Any]) -> None:
+        """A sync between two calls: apply it, then validate when it asks."""
+        self._apply(notes, buckets)
+        if notes.get("validate"):
+            self._validate()
+
     def _apply(self, notes: dict, buckets: List[Any]) -> None:
         if buckets:
             self.worker.engines.get("rollout").load_weights(buckets)
         self.version = int(notes["version"])
-        for sample_id in notes.get("trained", ()):
-            self.outstanding.pop(int(sample_id), None)
-        for sample_id in notes.get("dropped", ()):
-            if self.outstanding.pop(int(sample_id), None) is not None:
-                self.feed.again.append(int(sample_id)) if self.feed is not None else None
+        self.outstanding.difference_update(int(i) for i in notes.get("trained", ()))
+        for sample_id in map(int, notes.get("dropped", ())):
+            if sample_id in self.outstanding:  # generated again first
+                self.outstanding.discard(sample_id)
+                self.feed.again.append(sample_id)
         self.stop = bool(notes.get("stop"))
 
     def _validate(self) -> None:
@@ -235,8 +232,7 @@ class AsyncRollout:
         worker = self.worker
         prompts = self.feed.next(self.shape.per_call)
         version = self.version
-        for sample_id in prompts[SAMPLE_ID].tolist():
-            self.outstanding[int(sample_id)] = version
+        self.outstanding.update(prompts[SAMPLE_ID].tolist())
         # rollout noise is keyed by the step: that of a synchronous run training these
         # samples with these weights (at lag 0 the two runs draw the same samples)
         worker.global_step = version + 1
@@ -251,8 +247,7 @@ class AsyncRollout:
         filtered: List[int] = []
         if self.group_filter is not None:  # groups whose rewards do not vary teach nothing
             rows, filtered = self.group_filter(rows)
-            for sample_id in filtered:  # done: never trained, never generated again
-                self.outstanding.pop(sample_id, None)
+            self.outstanding.difference_update(filtered)  # done: never trained
         trainers = self.groups.trainers
         shares: List[List[int]] = [[] for _ in trainers]
         for index in group_indices(rows, UID).values():

@@ -38,7 +38,7 @@ _POOL, _GENS = "dapo/pool", "dapo/num_gen_batches"
 _TOTALS = "dapo/step_groups"  # groups generated and kept over the step's generation batches
 
 
-def _has_variance(group_values) -> bool:
+def has_variance(group_values) -> bool:
     # A group of one sample carries no variance information; keep it, as verl does.
     return group_values.numel() == 1 or bool(group_values.std() > 0)
 
@@ -69,7 +69,7 @@ def dynamic_sampling(batch, config=None, **kwargs) -> NodeOutput:
     config = to_typed(config)  # the worker's typed config; a dict or None when called alone
     settings = config.algorithm.filter_groups
     metric = settings.metric or "seq_final_reward"
-    filtered, stats = filter_groups(batch, row_values(batch, metric), _has_variance)
+    filtered, stats = filter_groups(batch, row_values(batch, metric), has_variance)
     metrics = {f"dynamic_sampling/{k.split('/')[-1]}": v for k, v in stats.items()}
     worker = kwargs.get("worker")
     if not settings.enable:

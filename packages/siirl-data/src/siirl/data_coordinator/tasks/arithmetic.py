@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from siirl.errors import DataError
 
-__all__ = ["DATA_SOURCE", "SCHEMA", "make_rows", "make_splits", "problem_space",
+__all__ = ["DATA_SOURCE", "SCHEMA", "make_rows", "make_splits", "problem_space", "write_splits",
            "write_jsonl", "write_parquet"]
 
 DATA_SOURCE = "arithmetic"
@@ -132,10 +132,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--low", type=int, default=0, help="smallest operand")
     parser.add_argument("--high", type=int, default=20, help="largest operand")
     args = parser.parse_args(argv)
-    train, val = make_splits(args.train_size, args.val_size, args.seed, args.low, args.high)
-    out = os.path.expanduser(args.out)
-    write_parquet(train, os.path.join(out, "train.parquet"))
-    write_parquet(val, os.path.join(out, "val.parquet"))
+    write_splits(*make_splits(args.train_size, args.val_size, args.seed, args.low, args.high),
+                 args.out)
+
+
+def write_splits(train: Sequence[dict], val: Sequence[dict], out: str,
+                 schema: pa.Schema = SCHEMA) -> None:
+    """A task's ``train.parquet`` and ``val.parquet`` in folder ``out`` (the CLIs')."""
+    out = os.path.expanduser(out)
+    write_parquet(train, os.path.join(out, "train.parquet"), schema=schema)
+    write_parquet(val, os.path.join(out, "val.parquet"), schema=schema)
     print(f"wrote {len(train)} train and {len(val)} val rows to {out}")
 
 

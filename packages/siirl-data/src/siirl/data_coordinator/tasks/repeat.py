@@ -126,11 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tail", type=float, default=TAIL, help="P(k) ~ k ** -tail")
     args = parser.parse_args(argv)
-    train, val = make_splits(args.train_size, args.val_size, args.seed, args.tail)
-    out = os.path.expanduser(args.out)
-    write_parquet(train, os.path.join(out, "train.parquet"))
-    write_parquet(val, os.path.join(out, "val.parquet"))
-    print(f"wrote {len(train)} train and {len(val)} val rows to {out}")
+    arithmetic.write_splits(*make_splits(args.train_size, args.val_size, args.seed,
+                                         args.tail), args.out, schema=SCHEMA)
 
 
 if __name__ == "__main__":
