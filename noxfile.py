@@ -82,15 +82,16 @@ def megatron(session: nox.Session) -> None:
     """The megatron backend's tests with its multi-worker runs (bf16 TP 2 and the plain
     optimizer's bf16 resume, starting from a distributed checkpoint at another layout and
     for every role, TP 2 x EP 2 on four workers, LoRA at TP 2, TP 2 with sequence parallelism
-    and PP 2 and the reward model at TP 2 on two workers); the default ``pytest`` runs the
-    rest of each file (tests/siirl_suites.py)."""
+    and PP 2, the reward model at TP 2 on two workers, asynchronous training on two TP 2
+    trainers); the default ``pytest`` runs the rest of each file (tests/siirl_suites.py)."""
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
         session.install("-e", package + ("[megatron]" if package.endswith("engine") else ""))
     session.run("python", "-m", "pytest", "-q", "tests/engine/megatron",
                 "tests/e2e/test_lora_grpo.py", "tests/e2e/test_reward_model.py",
-                *session.posargs, env={"SIIRL_MEGATRON": "all"})
+                "tests/e2e/test_async_megatron.py", *session.posargs,
+                env={"SIIRL_MEGATRON": "all"})
 
 
 @nox.session(venv_backend="none")

@@ -75,9 +75,9 @@ CONTEXTS = {
                    "actor_rollout_ref.rollout.name=vllm"],
     "async dapo": ["async_training.enable=true", "trainer.device=cpu",
                    "algorithm.workflow_type=DAPO"],
-    "async megatron": ["async_training.enable=true", "trainer.device=cpu",
-                       "actor_rollout_ref.actor.strategy=megatron",
-                       "critic.strategy=megatron"],
+    "async megatron reward model": ["async_training.enable=true", "trainer.device=cpu",
+                                    "reward_model.enable=true",
+                                    "reward_model.strategy=megatron"],
     # rollout correction where the rollout reports no log-probs of its own
     "multi-turn rollout": ["actor_rollout_ref.rollout.multi_turn.enable=true"],
 }

@@ -50,8 +50,9 @@ def _in_process_vllm(config: Any, key: str) -> bool:
         mode not in ("server", "async")
 
 
-def _megatron_on(config: Any, key: str) -> bool:
-    return _on(config, key) and str(get(config, key)) == "megatron"
+def _megatron_reward_model(config: Any, key: str) -> bool:
+    return _on(config, key) and bool(get(config, "reward_model.enable")) and \
+        str(get(config, key)) == "megatron"
 
 
 RULES: Tuple[Rule, ...] = (
@@ -82,12 +83,11 @@ RULES: Tuple[Rule, ...] = (
             "every worker of the job, and with async_training.enable=true the trainer "
             "workers build none: use actor_rollout_ref.rollout.mode=server (a vLLM server "
             "process per rollout worker).", _in_process_vllm),
-    refused(("actor_rollout_ref.actor.strategy", "critic.strategy"),
-            "megatron trains synchronously only for now",
-            "megatron-core lays its parallel groups over every worker of the job, and with "
-            "async_training.enable=true the rollout workers take no part in training: use "
-            "the fsdp engine for the trainer workers (strategy=fsdp) until megatron's groups "
-            "are laid over the trainer workers alone.", _megatron_on),
+    refused("reward_model.strategy", "a megatron reward model needs trainer workers",
+            "megatron's parallel state is laid over the trainer workers, and with "
+            "async_training.enable=true the reward model scores on the rollout workers: use "
+            "reward_model.strategy=fsdp (the trainers may still train on megatron).",
+            _megatron_reward_model),
     refused("data.train_batch_size", "a step is require_batches mini-batches",
             "with async_training.enable=true a trainer step trains async_training."
             "require_batches x actor_rollout_ref.actor.ppo_mini_batch_size prompts (verl's "

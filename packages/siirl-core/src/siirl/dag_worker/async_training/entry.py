@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import torch
 
-from siirl.dag_worker.async_training.groups import build_groups
+from siirl.dag_worker.async_training.groups import build_groups, own_world
 from siirl.dag_worker.async_training.shape import AsyncShape
+
+ACTOR_STRATEGY = "actor_rollout_ref.actor.strategy"
+# the backend a rollout worker holds its copy of the policy in: it only generates
+ROLLOUT_COPY_STRATEGY = "fsdp"
+
+
+def rollout_side_config(config: Any) -> Any:
+    """A rollout worker's settings: its copy of the policy (the hf rollout generates with
+    it; the syncs overwrite it) lives in the fsdp backend whatever the trainers train on
+    (the weights arrive HF-named and whole)."""
+    from siirl.params.key_paths import value_at
+
+    if str(value_at(config, ACTOR_STRATEGY)) == ROLLOUT_COPY_STRATEGY:
+        return config
+    config = copy.deepcopy(config)
+    config.actor_rollout_ref.actor.strategy = ROLLOUT_COPY_STRATEGY
+    config.actor_rollout_ref.ref.strategy = ROLLOUT_COPY_STRATEGY
+    return config
 
 
 def run_worker(rank: int, graph: Any, config: Any, process_groups: Any, backend: str,
@@ -27,6 +46,8 @@ def run_worker(rank: int, graph: Any, config: Any, process_groups: Any, backend:
         else torch.device("cpu")
     groups = build_groups(rank, trainers, rollouts, backend,
                           float(config.trainer.dist_timeout_s), device)
+    if not groups.is_trainer:
+        config = rollout_side_config(config)
     # collectives of a side stay within its own workers
     comm = WorkerComm(rank, process_groups.group_size, process_groups.control_group)
     worker = DAGWorker(graph, config, rank=process_groups.group_rank,
@@ -34,7 +55,8 @@ def run_worker(rank: int, graph: Any, config: Any, process_groups: Any, backend:
                        process_groups=process_groups)
     built["worker"] = worker
     if groups.is_trainer:
-        return AsyncTrainer(worker, groups, shape, started_at=started_at).fit()
+        with own_world(process_groups.data_group):
+            return AsyncTrainer(worker, groups, shape, started_at=started_at).fit()
     configure_threads(config)
     seed_everything(config.trainer.seed)
     AsyncRollout(worker, groups, shape).run()

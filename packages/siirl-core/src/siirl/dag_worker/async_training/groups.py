@@ -6,8 +6,9 @@ the rollout workers."""
 from __future__ import annotations
 
 import datetime
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
@@ -45,3 +46,27 @@ def build_groups(rank: int, trainers: List[int], rollouts: List[int], backend: s
     if rank in members:
         groups.weights = WeightGroups(trainers[0], meta, data, device)
     return groups
+
+
+@contextmanager
+def own_world(group: Any) -> Iterator[None]:
+    """Within: ``group`` (a side's workers, ranks 0..T-1 for the trainers) is this worker's
+    default process group. Training backends take the default group for their world
+    (megatron-core lays its parallel groups over it and gathers its optimizer's parameter
+    groups over it), and the other side's workers must take no part in that. The channels
+    between the two sides name their groups, so they are untouched."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._get_default_group()
+    if group is None or dist.get_world_size(group) == dist.get_world_size():
+        yield
+        return
+    if dist.get_rank(group) != dist.get_rank():  # ranks keep their numbers in either world
+        raise ValueError(f"rank {dist.get_rank()} is rank {dist.get_rank(group)} of its side: "
+                         "a side made its own world must hold ranks 0..T-1")
+    c10d._update_default_pg(group)
+    try:
+        yield
+    finally:
+        c10d._update_default_pg(world)
