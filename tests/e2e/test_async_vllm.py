@@ -1,5 +1,6 @@
 """Asynchronous training with the vllm rollout (the vllm-marked CI step): a vLLM server
-per rollout worker generates with the weights the trainer syncs to it."""
+per rollout worker generates with the weights the trainer syncs to it, its calls pausing
+for a sync that arrives mid-call (partial rollouts)."""
 
 import importlib.util
 import json
@@ -22,6 +23,7 @@ def test_async_grpo_trains_ten_steps_with_a_vllm_server_rollout(tmp_path):
     cmd = [sys.executable, "-m", "siirl.main_dag", "--config",
            str(ROOT / "configs/grpo_vllm.yaml"), "actor_rollout_ref.rollout.mode=server",
            "async_training.enable=true", "async_training.staleness_threshold=1",
+           "async_training.partial_rollout=true",
            "trainer.device=cpu", "trainer.ray_address=local", f"trainer.ray_temp_dir={ray_dir}",
            "trainer.total_training_steps=10", "trainer.test_freq=10", "trainer.logger=[]",
            "trainer.val_before_train=false", "data.train_batch_size=8",
@@ -40,3 +42,4 @@ def test_async_grpo_trains_ten_steps_with_a_vllm_server_rollout(tmp_path):
     for record in train:
         assert record["weight_sync/bytes"] > 0 and record["async/policy_lag/max"] <= 1
         assert "actor/pg_loss" in record
+        assert 0 <= record["async/partial_ratio"] <= 1  # tokens record their versions

@@ -20,9 +20,12 @@ def _on(config: Any, key: str) -> bool:
     return bool(get(config, ENABLE))
 
 
-def _partial_off_hf(config: Any, key: str) -> bool:
+PAUSING_ROLLOUTS = ("hf", "vllm")  # vllm: its server mode, the only one async runs
+
+
+def _partial_elsewhere(config: Any, key: str) -> bool:
     return _on(config, key) and bool(get(config, key)) and \
-        str(get(config, "actor_rollout_ref.rollout.name")) != "hf"
+        str(get(config, "actor_rollout_ref.rollout.name")) not in PAUSING_ROLLOUTS
 
 
 def _pool_on(config: Any, key: str) -> bool:
@@ -62,10 +65,11 @@ RULES: Tuple[Rule, ...] = (
            "no effect without async_training.enable",
            "asynchronous training is off (async_training.enable=false): rollout and training "
            "take turns on every worker.", _off),
-    refused("async_training.partial_rollout", "partial rollouts need the hf rollout",
-            "only the built-in hf rollout pauses a generation call for new weights and goes "
-            "on under them for now; with vllm a sync waits for the current call (keep "
-            "data.gen_batch_size small to keep that wait short).", _partial_off_hf),
+    refused("async_training.partial_rollout", "partial rollouts need the hf or vllm rollout",
+            "only the built-in hf rollout and the vllm server (rollout.mode=server) pause a "
+            "generation call for new weights and go on under them; with another engine a "
+            "sync waits for the current call (keep data.gen_batch_size small to keep that "
+            "wait short).", _partial_elsewhere),
     refused("rollout.n_gpus_per_node", "one rollout worker for now",
             "an asynchronous run has one rollout worker in this release (its generation "
             "calls are not coordinated with a second one's yet): set rollout.n_gpus_per_node=1 "

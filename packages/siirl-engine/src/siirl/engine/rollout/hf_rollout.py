@@ -45,6 +45,7 @@ from siirl.engine.common.weight_sync import Bucket, copy_into
 from siirl.engine.rollout.base import RolloutBase, as_int, postprocess_responses
 from siirl.engine.rollout.partial_rollout import (
     PauseHook,
+    check_pause_hook,
     continuation_inputs,
     decode_with_pauses,
     policy_versions,
@@ -73,12 +74,7 @@ class HFRollout(RolloutBase):
     def set_pause_hook(self, hook: PauseHook | None) -> None:
         """Partial rollouts: training ``generate`` calls pause for new weights when
         ``hook.pending()`` and continue under them (``partial_rollout``); None clears it."""
-        for name in ("pending", "swap", "version"):
-            if hook is not None and not callable(getattr(hook, name, None)):
-                raise TypeError(f"HFRollout.set_pause_hook: the hook {hook!r} has no "
-                                f"method {name}(); it needs pending() -> bool (new weights "
-                                "wait), swap() -> int (load them, return their version) "
-                                "and version() -> int (the version loaded now)")
+        check_pause_hook(hook, "HFRollout")
         self._pause_hook = hook
 
     # -- the policy is looked up on each call, so a swapped-in actor module is used too --

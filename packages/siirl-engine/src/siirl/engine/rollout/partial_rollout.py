@@ -36,7 +36,8 @@ import torch
 
 from siirl.engine.rollout.decoded import Decoded
 
-__all__ = ["PauseHook", "continuation_inputs", "decode_with_pauses", "policy_versions"]
+__all__ = ["PauseHook", "check_pause_hook", "continuation_inputs", "decode_with_pauses",
+           "policy_versions"]
 
 
 class PauseHook(Protocol):
@@ -47,6 +48,16 @@ class PauseHook(Protocol):
     def swap(self) -> int: ...
 
     def version(self) -> int: ...
+
+
+def check_pause_hook(hook: PauseHook | None, owner: str) -> None:
+    """Refuse a hook without the three methods (None, which clears it, passes)."""
+    for name in ("pending", "swap", "version"):
+        if hook is not None and not callable(getattr(hook, name, None)):
+            raise TypeError(f"{owner}.set_pause_hook: the hook {hook!r} has no method "
+                            f"{name}(); it needs pending() -> bool (new weights wait), "
+                            "swap() -> int (load them, return their version) and "
+                            "version() -> int (the version loaded now)")
 
 
 def continuation_inputs(prompts: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -209,26 +209,43 @@ class ServerProcess:
             self._finalizer = None
         self.proc = self.watchdog = None
 
-    def post(self, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT_S) -> Any:
-        """POST JSON; the decoded JSON reply (None when empty, the text when not JSON).
-        HTTP errors raise ``self.error`` with the server's answer, a lost connection
-        ``OSError``."""
+    def _open(self, path: str, body: Any, timeout: float) -> Any:
+        """The reply to a JSON POST; HTTP errors raise ``self.error`` with the server's
+        answer, a lost connection ``OSError``."""
         data = json.dumps(body if body is not None else {}).encode()
         request = urllib.request.Request(self.url + path, data=data, method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
-            with _HTTP.open(request, timeout=timeout) as reply:
-                text = reply.read()
+            return _HTTP.open(request, timeout=timeout)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:600]
             raise self.error(f"the rollout's {self.label} server answered {path} with HTTP "
                              f"{exc.code}: {' '.join(detail.split())}") from exc
+
+    def post(self, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        """POST JSON; the decoded JSON reply (None when empty, the text when not JSON)."""
+        with self._open(path, body, timeout) as reply:
+            text = reply.read()
         if not text.strip():
             return None
         try:
             return json.loads(text)
         except ValueError:  # e.g. a plain-text acknowledgement
             return text.decode(errors="replace")
+
+    def stream(self, path: str, body: Dict[str, Any], timeout: float = REQUEST_TIMEOUT_S
+               ) -> Iterator[Any]:
+        """POST JSON with ``stream: true``; each server-sent event's decoded JSON, up to
+        ``data: [DONE]``."""
+        with self._open(path, dict(body, stream=True), timeout) as reply:
+            for line in reply:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[len(b"data:"):].strip()
+                if payload == b"[DONE]":
+                    return
+                yield json.loads(payload)
 
 
 def write_safetensors(named: Iterable[Tuple[str, torch.Tensor]], target: Path,

@@ -30,11 +30,19 @@ from typing import Any, Iterable, Iterator, Mapping, Tuple
 import torch
 
 from siirl.dag_worker.data_structures import NodeOutput
-from siirl.data_coordinator.fields import ATTENTION_MASK, INPUT_IDS, ROLLOUT_LOG_PROBS
+from siirl.data_coordinator.fields import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    POLICY_VERSION,
+    ROLLOUT_LOG_PROBS,
+    TOKEN_POLICY_VERSION,
+)
 from siirl.engine.common.runtime import resolve_device
 from siirl.engine.common.weight_sync import Bucket
 from siirl.engine.rollout import vllm_engine
 from siirl.engine.rollout.base import RolloutBase, postprocess_responses
+from siirl.engine.rollout.partial_rollout import check_pause_hook, policy_versions
+from siirl.errors import ConfigError
 
 _SEED_BITS = (1 << 63) - 1
 
@@ -74,7 +82,19 @@ class VLLMRollout(RolloutBase):
         self.needs_weights = vllm_engine.starts_with_dummy_weights(rollout)
         self.llm = llm if llm is not None else self._start()
         self._asleep = False
+        self._pause_hook: Any = None
         self._sleep()
+
+    def set_pause_hook(self, hook: Any) -> None:
+        """Partial rollouts (``partial_rollout.PauseHook``): a training ``generate`` stops
+        its requests when ``hook.pending()``, has the new weights loaded and goes on with the
+        unfinished responses under them (``server_pauses``; server mode only); None clears
+        it."""
+        if hook is not None and not hasattr(self.llm, "sample_with_pauses"):
+            raise ConfigError(f"partial rollouts with the {self.rollout_name} rollout need "
+                              "its server mode (actor_rollout_ref.rollout.mode=server)")
+        check_pause_hook(hook, type(self).__name__)
+        self._pause_hook = hook
 
     def _check_settings(self, rollout: Any) -> None:
         vllm_engine.check_settings(rollout, self.device_type)
@@ -202,18 +222,30 @@ class VLLMRollout(RolloutBase):
                                         strict=True)]
         requests = self.request_fields(params, n, width, eos_ids, group_keys)
         unseeded = "seed" not in requests[0] and not params["greedy"] if requests else False
+        hook = None if validate else self._pause_hook
+        first_version = int(hook.version()) if hook is not None else None
         self._wake()
         try:
-            samples = self._sample(
-                prompts, requests, int(group_keys[0]) & _SEED_BITS if unseeded else None)
+            if hook is not None:
+                samples = self.llm.sample_with_pauses(prompts, requests, width, hook,
+                                                      self._wake)
+            else:
+                samples = self._sample(
+                    prompts, requests, int(group_keys[0]) & _SEED_BITS if unseeded else None)
         finally:
             self._sleep()
         # padded Python lists, then one tensor each: a tensor per row costs more than vLLM
-        tokens = torch.tensor([_padded(ids, width, pad_id) for ids, _ in samples],
+        tokens = torch.tensor([_padded(s[0], width, pad_id) for s in samples],
                               dtype=torch.long).view(-1, width)
-        log_probs = torch.tensor([_padded(lps or [], width, 0.0) for _, lps in samples],
+        log_probs = torch.tensor([_padded(s[1] or [], width, 0.0) for s in samples],
                                  dtype=torch.float32).view(-1, width)
         responses, response_mask = postprocess_responses(tokens, width, eos_ids, pad_id)
         self.finish(out, responses, response_mask)
         out.set(ROLLOUT_LOG_PROBS, log_probs * response_mask)
+        if hook is not None:  # each token's weight version, each row its oldest token's
+            versions = torch.tensor([_padded(s[2], width, -1) for s in samples],
+                                    dtype=torch.long).view(-1, width)
+            per_token, oldest = policy_versions(versions, response_mask, first_version)
+            out.set(TOKEN_POLICY_VERSION, per_token.to(out[INPUT_IDS].device))
+            out.set(POLICY_VERSION, oldest.to(out[INPUT_IDS].device))
         return NodeOutput(batch=out, metrics=self.metrics(responses, response_mask, eos_ids))

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from siirl.engine.rollout import server_process
+from siirl.engine.rollout import server_pauses, server_process
 from siirl.engine.rollout.server_process import ServerError, ServerProcess
 
 SERVED_NAME = "siirl-rollout"
@@ -145,3 +145,16 @@ class ServerEngine(server_process.ServerEngine):
                 samples.append((ids, [float(v) for v in values] if values else None))
         return samples
 
+
+    def sample_with_pauses(self, prompts: List[List[int]], requests: List[Dict[str, Any]],
+                           width: int, hook: Any, after_swap: Any
+                           ) -> List[Tuple[List[int], List[float], List[int]]]:
+        """``sample`` for a partial rollout (``server_pauses``): ``[(token ids, their
+        log-probs, their weight versions)]``; streamed requests that pause for new weights.
+        A crash reruns the call from its start on the restarted server."""
+        def body(job: server_pauses.Job) -> Dict[str, Any]:
+            return {"model": SERVED_NAME, "prompt": job.prompt, "return_token_ids": True,
+                    "return_tokens_as_token_ids": True, **job.fields}
+
+        return self._call(lambda: server_pauses.sample_with_pauses(
+            self.server, "/v1/completions", body, prompts, requests, width, hook, after_swap))
