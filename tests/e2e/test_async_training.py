@@ -5,8 +5,8 @@
 * One step off policy (staleness 1, partial rollouts, two generation calls per step): the
   policy lag stays within its bound on every step, the asynchronous metrics are logged,
   validation runs on the rollout worker.
-* kill -9 at any point, then the same command: every step is recorded once and every
-  prompt of every epoch is trained exactly once.
+* kill -9 at any point, then the same command (two rollout workers): every step is
+  recorded once and every prompt of every epoch is trained exactly once.
 """
 
 import json
@@ -130,7 +130,9 @@ def _kill_after(run_dir: Path, overrides: list, step: int) -> None:
 def test_kill_9_then_the_same_command_trains_every_prompt_once(tmp_path, kill_at):
     data = _small_dataset(tmp_path / "data")  # 48 prompts: 3 steps of 16 per epoch
     run = tmp_path / "run"
+    # two rollout workers, each generating its half of every call's prompts
     overrides = [*data, *ASYNC, "async_training.staleness_threshold=1",
+                 "rollout.n_gpus_per_node=2", "data.gen_batch_size=8",
                  "trainer.total_epochs=3", "trainer.save_freq=2", "trainer.test_freq=-1",
                  "trainer.val_before_train=false"]
     _kill_after(run, overrides, kill_at)

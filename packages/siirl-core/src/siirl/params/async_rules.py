@@ -28,10 +28,6 @@ def _partial_elsewhere(config: Any, key: str) -> bool:
         str(get(config, "actor_rollout_ref.rollout.name")) not in PAUSING_ROLLOUTS
 
 
-def _pool_on(config: Any, key: str) -> bool:
-    return _on(config, key) and int(get(config, key) or 1) > 1
-
-
 def _step_differs(config: Any, key: str) -> bool:
     step = int(get(config, "async_training.require_batches") or 1) * \
         int(get(config, "actor_rollout_ref.actor.ppo_mini_batch_size") or 0)
@@ -70,10 +66,6 @@ RULES: Tuple[Rule, ...] = (
             "generation call for new weights and go on under them; with another engine a "
             "sync waits for the current call (keep data.gen_batch_size small to keep that "
             "wait short).", _partial_elsewhere),
-    refused("rollout.n_gpus_per_node", "one rollout worker for now",
-            "an asynchronous run has one rollout worker in this release (its generation "
-            "calls are not coordinated with a second one's yet): set rollout.n_gpus_per_node=1 "
-            "and give the other devices to the trainer (trainer.n_gpus_per_node).", _pool_on),
     refused(("rollout.nnodes", "trainer.nnodes"), "one node for now",
             "an asynchronous run places its trainer and rollout workers on one node in this "
             "release: set trainer.nnodes=1 and rollout.nnodes=1.", _several_nodes),

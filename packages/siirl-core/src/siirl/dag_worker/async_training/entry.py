@@ -15,17 +15,25 @@ ACTOR_STRATEGY = "actor_rollout_ref.actor.strategy"
 ROLLOUT_COPY_STRATEGY = "fsdp"
 
 
-def rollout_side_config(config: Any) -> Any:
+def rollout_side_config(config: Any, rollouts: int) -> Any:
     """A rollout worker's settings: its copy of the policy (the hf rollout generates with
     it; the syncs overwrite it) lives in the fsdp backend whatever the trainers train on
-    (the weights arrive HF-named and whole)."""
+    (the weights arrive HF-named and whole), and whole on each rollout worker
+    (``fsdp_size=1``, no offload), so that the rollout workers generate independently:
+    a sharded copy would make each forward a collective over them."""
     from siirl.params.key_paths import value_at
 
-    if str(value_at(config, ACTOR_STRATEGY)) == ROLLOUT_COPY_STRATEGY:
+    actor = "actor_rollout_ref.actor"
+    whole = rollouts == 1 or (int(value_at(config, f"{actor}.fsdp_config.fsdp_size")) == 1
+                              and not value_at(config, f"{actor}.fsdp_config.param_offload"))
+    if str(value_at(config, ACTOR_STRATEGY)) == ROLLOUT_COPY_STRATEGY and whole:
         return config
     config = copy.deepcopy(config)
     config.actor_rollout_ref.actor.strategy = ROLLOUT_COPY_STRATEGY
     config.actor_rollout_ref.ref.strategy = ROLLOUT_COPY_STRATEGY
+    if not whole:
+        fsdp = config.actor_rollout_ref.actor.fsdp_config
+        fsdp.fsdp_size, fsdp.param_offload, fsdp.optimizer_offload = 1, False, False
     return config
 
 
@@ -47,7 +55,7 @@ def run_worker(rank: int, graph: Any, config: Any, process_groups: Any, backend:
     groups = build_groups(rank, trainers, rollouts, backend,
                           float(config.trainer.dist_timeout_s), device)
     if not groups.is_trainer:
-        config = rollout_side_config(config)
+        config = rollout_side_config(config, shape.rollouts)
     # collectives of a side stay within its own workers
     comm = WorkerComm(rank, process_groups.group_size, process_groups.control_group)
     worker = DAGWorker(graph, config, rank=process_groups.group_rank,

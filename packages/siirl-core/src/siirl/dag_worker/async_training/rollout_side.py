@@ -116,6 +116,12 @@ class WeightInbox:
         except BaseException as error:  # handed to the main thread, which raises it
             self.items.put(error)
 
+    def peek(self) -> Optional[tuple]:
+        """The next sync without taking it (None: none waits, or the channel failed)."""
+        with self.items.mutex:
+            item = self.items.queue[0] if self.items.queue else None
+        return None if isinstance(item, BaseException) else item
+
     def get(self, block: bool) -> Optional[tuple]:
         try:
             item = self.items.get(block=block)
@@ -133,19 +139,20 @@ class PauseForWeights:
     """The rollout engine's pause hook for partial rollouts (``async_training.
     partial_rollout``): between two decoding steps the engine asks whether new weights
     wait, and if so has them loaded and goes on under them, each token recording the
-    version that sampled it."""
+    version that sampled it. A sync that asks for validation waits for the end of the
+    call (validation runs on that sync's weights, at the same point on every rollout
+    worker: it is collective over them)."""
 
     def __init__(self, loop: AsyncRollout):
         self.loop = loop
 
     def pending(self) -> bool:
-        return not self.loop.inbox.items.empty()
+        waiting = self.loop.inbox.peek()
+        return waiting is not None and not waiting[0].get("validate")
 
     def swap(self) -> int:
         notes, buckets = self.loop.inbox.get(block=True)
-        self.loop._apply(notes, buckets)
-        # validation waits for the end of the call; a stop lets the call finish
-        self.loop.validate_due = self.loop.validate_due or bool(notes.get("validate"))
+        self.loop._apply(notes, buckets)  # a stop lets the call finish
         return self.loop.version
 
     def version(self) -> int:
@@ -163,7 +170,7 @@ class AsyncRollout:
         self.sent_groups = 0
         self.group_filter = stream_filter(worker.config)
         self.inbox: Optional[WeightInbox] = None
-        self.validate_due = False  # a sync that arrived within a generation call asked
+        self.place = groups.rollouts.index(groups.rank)  # among the rollout workers
 
     def run(self) -> None:
         worker = self.worker
@@ -188,9 +195,6 @@ class AsyncRollout:
                 self._take(*item)
                 continue
             self._generate_and_send()
-            if self.validate_due:  # a sync within the call asked (partial rollouts)
-                self.validate_due = False
-                self._validate()
         for trainer in self.groups.trainers:
             wire.send_message(wire.END, None, trainer, self.groups.pairs[(self.groups.rank,
                                                                          trainer)])
@@ -224,6 +228,8 @@ class AsyncRollout:
         metrics = validate(worker, worker.val_loader)
         if metrics:
             metrics["timing_s/validation"] = time.perf_counter() - start
+        if self.place:  # collective: every rollout worker has the metrics, the first sends
+            return
         trainer = self.groups.trainers[0]
         wire.send_message(wire.VALIDATION, {"step": self.version, "metrics": metrics},
                           trainer, self.groups.pairs[(self.groups.rank, trainer)])
@@ -251,7 +257,9 @@ class AsyncRollout:
         trainers = self.groups.trainers
         shares: List[List[int]] = [[] for _ in trainers]
         for index in group_indices(rows, UID).values():
-            shares[self.sent_groups % len(trainers)].extend(index)
+            # round robin, each rollout worker from its own trainer: the trainers' shares of
+            # a sync stay even whatever the number of rollout workers
+            shares[(self.sent_groups + self.place) % len(trainers)].extend(index)
             self.sent_groups += 1
         for n, (trainer, index) in enumerate(zip(trainers, shares, strict=True)):
             notes = {"filtered": filtered} if n == 0 and filtered else {}
