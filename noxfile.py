@@ -90,7 +90,8 @@ def megatron(session: nox.Session) -> None:
         session.install("-e", package + ("[megatron]" if package.endswith("engine") else ""))
     session.run("python", "-m", "pytest", "-q", "tests/engine/megatron",
                 "tests/e2e/test_lora_grpo.py", "tests/e2e/test_reward_model.py",
-                "tests/e2e/test_async_megatron.py", *session.posargs,
+                "tests/e2e/test_async_megatron.py", "tests/tools/test_check_megatron.py",
+                *session.posargs,
                 env={"SIIRL_MEGATRON": "all"})
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from siirl_suites import megatron_full
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools/gpu/check_megatron.py"
 
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs megatron-core; on a CUDA machine the script runs for real, not dry")
 
 
+@megatron_full  # and the GPU dry run (nox -s gpu_dry_run) runs the same script
 def test_cpu_dry_run_checks_dense_and_moe_in_bf16(tmp_path):
     out = tmp_path / "megatron_gpu.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--steps", "2", "--batch", "8",

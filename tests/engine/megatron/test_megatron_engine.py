@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from siirl_suites import megatron_full
+
 pytest.importorskip("megatron.core")
 
 SMALL = ["data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
@@ -75,6 +77,7 @@ def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path, fsdp_run)
         assert resumed[key] == pytest.approx(b[3][key], abs=1e-6), key
 
 
+@megatron_full  # PP 2 and TP 2 train in CI: test_ppo_on_two_workers_trains_like_fsdp
 def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path, fsdp_run):
     """Two Ray CPU workers form one TP group: both read the same rows (the DataBuffer moves
     the rollout's rows to them), each holds half of every layer; loss and gradient norm
@@ -133,6 +136,7 @@ def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path, fsdp_ppo_run):
     assert (critic / "dist_ckpt").is_dir() and (critic / "replicated_modules.pt").is_file()
 
 
+@megatron_full  # PP 2 and TP 2 train in CI: test_ppo_on_two_workers_trains_like_fsdp
 def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path,
                                                                             fsdp_run):
     """Two Ray CPU workers form one pipeline (the built-in model's 3 layers split 2 + 1):
