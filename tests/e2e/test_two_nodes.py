@@ -145,3 +145,23 @@ def test_an_unreachable_cluster_fails_within_60s_naming_the_address(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert f"trainer.ray_address={address}: no Ray cluster answers there within 5 s" in last
     assert "Traceback" not in proc.stderr
+
+
+def test_asynchronous_pools_on_two_nodes(cluster, tmp_path):
+    """An asynchronous job's trainer and rollout pools, one worker each, on the two nodes
+    (each has room for one): rows stream and weights sync between the nodes over gloo."""
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    overrides = ["trainer.total_training_steps=3", "trainer.test_freq=-1",
+                 "trainer.save_freq=-1", "async_training.enable=true",
+                 "async_training.staleness_threshold=1", "trainer.n_gpus_per_node=1",
+                 "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+                 f"trainer.ray_node_ip={LOOPBACK}", f"trainer.ray_address={cluster.address}"]
+    proc = subprocess.run(_cmd(tmp_path, ray_dir, overrides), capture_output=True, text=True,
+                          env=_env(), timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    workers = json.loads((tmp_path / "workers.json").read_text())
+    assert len({w["node_id"] for w in workers}) == 2  # trainer on one, rollout on the other
+    records = training(tmp_path)
+    assert sorted(records) == [1, 2, 3]
+    assert all(r["async/policy_lag/max"] <= 1 and r["weight_sync/bytes"] > 0
+               for r in records.values())

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import Optional
 
 from siirl.errors import ConfigError
 from siirl.launch.cluster_link import (
@@ -40,8 +40,6 @@ from siirl.launch.cluster_link import (
     host_port,
 )
 from siirl.params import SiiRLArguments
-
-PLACEMENT_TIMEOUT_S = 120
 
 
 def wait_reachable(address: str, timeout_s: float, named: Optional[str] = None) -> None:
@@ -217,66 +215,3 @@ def _children_ignore_ctrl_c():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _fits(node: dict, bundle: dict, count: int) -> bool:
-    return node.get("Alive") and all(node.get("Resources", {}).get(k, 0) >= v * count
-                                     for k, v in bundle.items())
-
-
-def _target_nodes(nodes: int, bundle: dict, per_node: int) -> List[str]:
-    """Distinct alive nodes with room for a group, the driver's own node first."""
-    import ray
-
-    here = ray.get_runtime_context().get_node_id()
-    fitting = sorted((n["NodeID"] for n in ray.nodes() if _fits(n, bundle, per_node)),
-                     key=lambda node_id: node_id != here)
-    if len(fitting) < nodes:
-        raise ConfigError(
-            f"trainer.nnodes={nodes}: the Ray cluster has {len(fitting)} node(s) with room for "
-            f"{per_node} worker(s) of {bundle} each ({describe_nodes()}); lower "
-            "trainer.nnodes or trainer.n_gpus_per_node, or add nodes")
-    return fitting[:nodes]
-
-
-def describe_nodes() -> str:
-    import ray
-
-    return "; ".join(f"{n['NodeManagerAddress']} {n['NodeID'][:8]}: "
-                     f"{ {k: v for k, v in n.get('Resources', {}).items() if k in ('CPU', 'GPU')} }"
-                     for n in ray.nodes() if n.get("Alive"))
-
-
-def placement_groups(config: SiiRLArguments, num_workers: int, on_gpu: bool) -> list:
-    """``trainer.nnodes`` ready placement groups of ``num_workers / nnodes`` bundles."""
-    import ray
-    from ray.util.placement_group import placement_group, placement_group_table
-
-    nodes = config.trainer.nnodes
-    per_node = num_workers // nodes
-    bundle = {"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1}
-    if nodes == 1:
-        groups = [placement_group([dict(bundle)] * per_node,
-                                  strategy="STRICT_PACK" if on_gpu else "PACK")]
-    else:
-        groups = [placement_group([dict(bundle)] * per_node, strategy="STRICT_PACK",
-                                  _soft_target_node_id=node_id)
-                  for node_id in _target_nodes(nodes, bundle, per_node)]
-    ready = [g.ready() for g in groups]
-    done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
-    if len(done) < len(ready):
-        for group in groups:
-            ray.util.remove_placement_group(group)
-        raise ConfigError(
-            f"the Ray cluster cannot place {nodes} node(s) x {per_node} worker(s) of {bundle} "
-            f"within {PLACEMENT_TIMEOUT_S}s (available: {ray.available_resources()}); lower "
-            "trainer.nnodes/n_gpus_per_node or add nodes")
-    if nodes > 1:  # the target is a hint: a group on an occupied node breaks the layout
-        placed = [set(placement_group_table(g)["bundles_to_node_id"].values()) for g in groups]
-        if len(set().union(*placed)) < nodes:
-            for group in groups:
-                ray.util.remove_placement_group(group)
-            raise ConfigError(
-                f"trainer.nnodes={nodes}: the workers could not be spread over {nodes} "
-                f"distinct nodes ({describe_nodes()}); free the nodes or lower trainer.nnodes")
-    return groups

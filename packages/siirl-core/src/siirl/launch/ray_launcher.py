@@ -2,7 +2,8 @@
 
 The driver (this process) joins a running Ray cluster, or starts a local one, reserves one
 bundle per worker (``trainer.nnodes`` placement groups of ``trainer.n_gpus_per_node``
-bundles, each a GPU, or a CPU with ``trainer.device=cpu``), starts one
+bundles, each a GPU, or a CPU with ``trainer.device=cpu``; an asynchronous job's rollout
+workers in ``rollout.nnodes`` more: ``placement``), starts one
 :class:`WorkerProcess` per bundle and hands each its TaskGraph and the rendezvous address.
 From then on it only waits: it never receives batch data, only rank 0's metric history.
 
@@ -29,7 +30,8 @@ from siirl.execution.scheduler.task_scheduler import WorkerAssignment
 from siirl.launch import signals
 from siirl.launch.cluster_link import ClusterWatch
 from siirl.launch.heartbeat import CHECK_S, describe
-from siirl.launch.ray_cluster import colourless_worker_logs, placement_groups, start_ray
+from siirl.launch.placement import bundle_of, placement_groups, worker_pools
+from siirl.launch.ray_cluster import colourless_worker_logs, start_ray
 from siirl.params import SiiRLArguments
 
 LOG_FLUSH_S = 1.0
@@ -142,15 +144,15 @@ def launch_ray(config: SiiRLArguments, plan: List[WorkerAssignment]) -> Optional
         # auto: GPU workers when the cluster has GPUs (the driver itself may have none)
         on_gpu = device == "cuda" or (device == "auto" and
                                       ray.cluster_resources().get("GPU", 0) > 0)
-        groups = placement_groups(config, num_workers, on_gpu)
-        per_node = num_workers // len(groups)
+        pools = worker_pools(config, num_workers)
+        groups = placement_groups(pools, on_gpu)
         remote = ray.remote(WorkerProcess)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         for rank in range(num_workers):
+            group, index = bundle_of(rank, pools)
             strategy = PlacementGroupSchedulingStrategy(
-                placement_group=groups[rank // per_node],
-                placement_group_bundle_index=rank % per_node)
+                placement_group=groups[group], placement_group_bundle_index=index)
             actors.append(remote.options(
                 num_cpus=1, num_gpus=1 if on_gpu else 0, max_restarts=0,
                 scheduling_strategy=strategy,

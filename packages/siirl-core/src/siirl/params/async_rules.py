@@ -34,10 +34,6 @@ def _step_differs(config: Any, key: str) -> bool:
     return _on(config, key) and int(get(config, key) or 0) != step
 
 
-def _several_nodes(config: Any, key: str) -> bool:
-    return _on(config, key) and int(get(config, key) or 1) > 1
-
-
 def _dapo_on(config: Any, key: str) -> bool:
     return _on(config, key) and str(get(config, key) or "").upper() == "DAPO"
 
@@ -66,9 +62,6 @@ RULES: Tuple[Rule, ...] = (
             "generation call for new weights and go on under them; with another engine a "
             "sync waits for the current call (keep data.gen_batch_size small to keep that "
             "wait short).", _partial_elsewhere),
-    refused(("rollout.nnodes", "trainer.nnodes"), "one node for now",
-            "an asynchronous run places its trainer and rollout workers on one node in this "
-            "release: set trainer.nnodes=1 and rollout.nnodes=1.", _several_nodes),
     refused("algorithm.workflow_type", "dynamic sampling runs in the stream",
             "with async_training.enable=true the rollout drops the groups whose rewards do "
             "not vary as they stream (algorithm.filter_groups.enable=true, under the DEFAULT "
