@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from siirl_numerics import assert_close, rounding, scale_of
 from siirl_rollout_rows import rollout_rows
 from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
+from siirl_suites import megatron_full
 
 pytest.importorskip("megatron.core")
 
@@ -115,6 +116,7 @@ PPO_FP16 = [f"{ACTOR}.strategy=megatron", "actor_rollout_ref.ref.strategy=megatr
             f"{ACTOR}.use_kl_loss=true", *FP16_ROLES]
 
 
+@megatron_full  # the bf16 resume runs in CI (test_megatron_bf16), fp16 trains in CI below
 def test_fp16_ppo_resumes_bitwise(tmp_path):
     """Steps 3 and 4 after a resume from step 2's checkpoint (fp16 weights, fp32 main
     weights, Adam state and the loss scale of the actor's distributed optimizer and the

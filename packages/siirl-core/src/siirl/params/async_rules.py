@@ -20,12 +20,12 @@ def _on(config: Any, key: str) -> bool:
     return bool(get(config, ENABLE))
 
 
-PAUSING_ROLLOUTS = ("hf", "vllm")  # vllm: its server mode, the only one async runs
-
-
 def _partial_elsewhere(config: Any, key: str) -> bool:
-    return _on(config, key) and bool(get(config, key)) and \
-        str(get(config, "actor_rollout_ref.rollout.name")) not in PAUSING_ROLLOUTS
+    """Partial rollouts on an engine that cannot pause a call: the hf rollout and the vllm
+    rollout's server pause."""
+    name = str(get(config, "actor_rollout_ref.rollout.name"))
+    pauses = name == "hf" or (name == "vllm" and not _in_process_vllm(config, key))
+    return _on(config, key) and bool(get(config, key)) and not pauses
 
 
 def _step_differs(config: Any, key: str) -> bool:
@@ -57,21 +57,16 @@ RULES: Tuple[Rule, ...] = (
            "no effect without async_training.enable",
            "asynchronous training is off (async_training.enable=false): rollout and training "
            "take turns on every worker.", _off),
-    refused("async_training.partial_rollout", "partial rollouts need the hf or vllm rollout",
-            "only the built-in hf rollout and the vllm server (rollout.mode=server) pause a "
-            "generation call for new weights and go on under them; with another engine a "
-            "sync waits for the current call (keep data.gen_batch_size small to keep that "
-            "wait short).", _partial_elsewhere),
+    refused("async_training.partial_rollout", "partial rollouts need hf or the vllm server",
+            "only the built-in hf rollout and the vllm server (rollout.name=vllm with "
+            "rollout.mode=server) pause a generation call for new weights and go on under "
+            "them; with another engine a sync waits for the current call (keep "
+            "data.gen_batch_size small to keep that wait short).", _partial_elsewhere),
     refused("algorithm.workflow_type", "dynamic sampling runs in the stream",
             "with async_training.enable=true the rollout drops the groups whose rewards do "
             "not vary as they stream (algorithm.filter_groups.enable=true, under the DEFAULT "
             "or AGENTIC workflow) and the trainer waits for the next ones: use "
             "algorithm.workflow_type=DEFAULT with filter_groups.enable=true.", _dapo_on),
-    refused("actor_rollout_ref.rollout.mode", "in-process vLLM cannot run beside trainers",
-            "an in-process vLLM engine (rollout.mode=sync) builds its process groups over "
-            "every worker of the job, and with async_training.enable=true the trainer "
-            "workers build none: use actor_rollout_ref.rollout.mode=server (a vLLM server "
-            "process per rollout worker).", _in_process_vllm),
     refused("reward_model.strategy", "a megatron reward model needs trainer workers",
             "megatron's parallel state is laid over the trainer workers, and with "
             "async_training.enable=true the reward model scores on the rollout workers: use "

@@ -9,8 +9,9 @@ then, before any step, naming the key, the model or the extra to install.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 from siirl.engine.common.rollout_dtype import engine_dtype  # noqa: F401  (the rollouts')
 from siirl.engine.models.loader import resolve_model_path
@@ -28,15 +29,43 @@ INSTALL_HINT = ("install vLLM with `pip install \"siirl-engine[vllm]\"` (CUDA) o
                 "checkout")
 # vLLM's CPU attention kernel refuses smaller heads (the built-in tiny-arith has 16)
 CPU_MIN_HEAD_DIM = 32
-def start_engine(kwargs: Dict[str, Any], model_path: Any) -> Any:
-    """``vllm.LLM(**kwargs)``; a failure becomes one message naming the model."""
+def start_engine(kwargs: Dict[str, Any], model_path: Any, alone: bool = False) -> Any:
+    """``vllm.LLM(**kwargs)``; a failure becomes one message naming the model. ``alone``:
+    the engine is built in a world of this process only (``solo_world``)."""
     vllm = import_vllm()
     try:
-        return vllm.LLM(**kwargs)
+        with solo_world(alone):
+            return vllm.LLM(**kwargs)
     except (ValueError, RuntimeError, TypeError) as exc:
         reason = " ".join(str(exc).split())[:600]
         raise ConfigError(f"vLLM {vllm.__version__} could not start for "
                           f"actor_rollout_ref.model.path={model_path!r}: {reason}") from exc
+
+
+@contextlib.contextmanager
+def solo_world(alone: bool) -> Iterator[None]:
+    """Within (``alone``): this process is a world of its own for ``torch.distributed``.
+
+    An in-process vLLM engine (tensor-parallel size 1 here) lays its world and parallel
+    groups over the default process group, and ``new_group`` is collective over it. The
+    rollout workers of an asynchronous run build their engines while the trainers do
+    something else, so each builds its engine's groups over a group of itself alone (made
+    without the others: ``use_local_synchronization``); its groups, of one rank each, never
+    wait on another worker."""
+    import torch.distributed as dist
+
+    if not alone or not dist.is_initialized() or dist.get_world_size() == 1:
+        yield
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._get_default_group()
+    solo = dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+    c10d._update_default_pg(solo)
+    try:
+        yield
+    finally:
+        c10d._update_default_pg(world)
 
 
 def import_vllm() -> Any:

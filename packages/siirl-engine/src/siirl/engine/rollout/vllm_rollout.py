@@ -111,8 +111,10 @@ class VLLMRollout(RolloutBase):
 
     def _start(self) -> Any:
         if not self.server_mode:
+            # an asynchronous run's rollout workers generate apart: each engine alone
             return vllm_engine.start_engine(self._engine_kwargs(),
-                                            self.cfg.actor_rollout_ref.model.path)
+                                            self.cfg.actor_rollout_ref.model.path,
+                                            alone=bool(self.cfg.async_training.enable))
         from siirl.engine.rollout.vllm_server import ServerEngine
 
         kwargs = self._engine_kwargs()
