@@ -3,8 +3,6 @@ a call that pauses for new weights goes on with its unfinished samples under the
 token recording the version that made it; with the same weights swapped in, greedy
 samples come out as without a pause (the continuation prefills prompt + tokens so far)."""
 
-import time
-
 import pytest
 import torch
 
@@ -22,14 +20,25 @@ WIDTH = 48
 
 
 class SwapOnce:
-    """Pending once ``after_s`` into the call; the swap re-syncs the actor's weights."""
+    """Pending once the call's first tokens have streamed back (so the pause comes mid-call
+    whatever the machine's speed); the swap re-syncs the actor's weights."""
 
-    def __init__(self, actor, rollout, after_s=0.03):
-        self.actor, self.rollout, self.after_s = actor, rollout, after_s
-        self.loaded, self.swaps, self.start = 0, 0, time.monotonic()
+    def __init__(self, actor, rollout, monkeypatch):
+        self.actor, self.rollout = actor, rollout
+        self.loaded, self.swaps, self.streamed = 0, 0, False
+        server = rollout.llm.server
+        stream = server.stream
+
+        def watched(path, body, **kwargs):
+            for chunk in stream(path, body, **kwargs):
+                if any(choice.get("token_ids") for choice in chunk.get("choices", ())):
+                    self.streamed = True
+                yield chunk
+
+        monkeypatch.setattr(server, "stream", watched)
 
     def pending(self):
-        return self.swaps == 0 and time.monotonic() - self.start > self.after_s
+        return self.swaps == 0 and self.streamed
 
     def swap(self):
         sync(self.actor, self.rollout)
@@ -59,11 +68,11 @@ def _greedy(count):  # vLLM takes greedy requests one sample each
             for _ in range(count)]
 
 
-def test_a_paused_greedy_call_gives_the_tokens_of_an_uninterrupted_one(served):
+def test_a_paused_greedy_call_gives_the_tokens_of_an_uninterrupted_one(served, monkeypatch):
     actor, rollout = served
     ids = [actor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS] * 4
     want = rollout.llm.sample(ids, _greedy(len(ids)))
-    hook = SwapOnce(actor, rollout)
+    hook = SwapOnce(actor, rollout, monkeypatch)
     got = rollout.llm.sample_with_pauses(ids, _greedy(len(ids)), WIDTH, hook, lambda: None)
     assert hook.swaps == 1
     assert len(got) == len(want) == len(ids)
@@ -79,9 +88,9 @@ def test_a_paused_greedy_call_gives_the_tokens_of_an_uninterrupted_one(served):
     assert spanned > 0  # the pause came mid-call: some samples went on under version 1
 
 
-def test_a_training_generate_records_each_tokens_version(served):
+def test_a_training_generate_records_each_tokens_version(served, monkeypatch):
     actor, rollout = served
-    hook = SwapOnce(actor, rollout)
+    hook = SwapOnce(actor, rollout, monkeypatch)
     rollout.set_pause_hook(hook)
     try:
         batch = rollout.generate(prompts(actor.tokenizer, TEXTS)).batch  # sampled
