@@ -56,17 +56,14 @@ def own_world(group: Any) -> Iterator[None]:
     groups over it), and the other side's workers must take no part in that. The channels
     between the two sides name their groups, so they are untouched."""
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
-    world = c10d._get_default_group()
+    from siirl.execution.scheduler.process_group_manager import as_default_group
+
     if group is None or dist.get_world_size(group) == dist.get_world_size():
         yield
         return
     if dist.get_rank(group) != dist.get_rank():  # ranks keep their numbers in either world
         raise ValueError(f"rank {dist.get_rank()} is rank {dist.get_rank(group)} of its side: "
                          "a side made its own world must hold ranks 0..T-1")
-    c10d._update_default_pg(group)
-    try:
+    with as_default_group(group):
         yield
-    finally:
-        c10d._update_default_pg(world)

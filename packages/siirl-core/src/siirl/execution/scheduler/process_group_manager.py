@@ -16,10 +16,11 @@ them (:func:`sequence_groups`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 
 def free_port() -> int:
@@ -74,6 +75,21 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()  # nobody tears down while a peer still talks to it
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def as_default_group(group: Any) -> Iterator[None]:
+    """Within: ``group`` stands for the world (``torch.distributed``'s default group: what
+    ``get_world_size()``, ``get_rank()``, ``new_group`` and group-less collectives use);
+    the world's own group comes back at the end."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._get_default_group()
+    c10d._update_default_pg(group)
+    try:
+        yield
+    finally:
+        c10d._update_default_pg(world)
 
 
 def sequence_groups(rank_sets: Sequence[Sequence[int]], size: int, rank: int, backend: str,

@@ -54,18 +54,14 @@ def solo_world(alone: bool) -> Iterator[None]:
     wait on another worker."""
     import torch.distributed as dist
 
+    from siirl.execution.scheduler.process_group_manager import as_default_group
+
     if not alone or not dist.is_initialized() or dist.get_world_size() == 1:
         yield
         return
-    from torch.distributed import distributed_c10d as c10d
-
-    world = c10d._get_default_group()
     solo = dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
-    c10d._update_default_pg(solo)
-    try:
+    with as_default_group(solo):
         yield
-    finally:
-        c10d._update_default_pg(world)
 
 
 def import_vllm() -> Any:
