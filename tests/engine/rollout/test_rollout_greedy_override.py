@@ -31,3 +31,23 @@ def test_a_nested_override_keeps_the_outer_greedy_setting():
         outer = engine.sampling(validate=False)
     assert inner["greedy"] and inner["n"] == 1
     assert outer["greedy"] and outer["n"] == 4 and engine.max_response_length() == 6
+
+
+def test_val_sampled_switches_validation_decoding_only():
+    # val_kwargs greedy: the sampled pass samples at the training rollout's temperature
+    engine = HFRollout(config=config(n=4, resp=6, temperature=0.8), module=tiny_llama(),
+                       tokenizer=TOK)
+    assert engine.sampling(validate=True)["greedy"]
+    with engine.overridden(val_sampled=True):
+        sampled = engine.sampling(validate=True)
+        training = engine.sampling(validate=False)
+    assert not sampled["greedy"] and sampled["temperature"] == 0.8 and sampled["n"] == 1
+    assert training == engine.sampling(validate=False)  # training's decoding is untouched
+    # val_kwargs sample at their own temperature: kept for the sampled pass, off for greedy
+    engine = HFRollout(config=config(n=4, resp=6, val_kwargs={
+        "n": 2, "do_sample": True, "temperature": 0.5}), module=tiny_llama(), tokenizer=TOK)
+    with engine.overridden(val_sampled=True):
+        assert engine.sampling(validate=True)["temperature"] == 0.5
+    with engine.overridden(val_sampled=False):
+        greedy = engine.sampling(validate=True)
+    assert greedy["greedy"] and greedy["n"] == 2

@@ -139,6 +139,12 @@ class TrainerArguments:
         metadata={"help": "Validate the loaded (or resumed) policy once and exit, no training."},
     )
     test_freq: int = field(default=50, metadata={"help": "Validate every N steps (-1 disables)."})
+    val_greedy_and_sampled: bool = field(
+        default=False,
+        metadata={"help": "siiRL: validation also plays the set with the other decoding than "
+                          "rollout.val_kwargs' and logs both under val/greedy/... and "
+                          "val/sampled/... (val/... stays the val_kwargs decoding's)."},
+    )
     critic_warmup: int = 0
     default_hdfs_dir: str | None = None
     del_local_ckpt_after_load: bool = False

@@ -31,8 +31,8 @@ STEP_KEYS = HEADLINE_KEYS + ("actor/pg_loss", "actor/kl_loss", "actor/reward_kl_
              "response_length/mean", "perf/throughput", "timing_s/step")
 # Shown as one field, ``kept=KEPT/TOTAL``.
 OUT_OF = {"dynamic_sampling/step_groups/kept": "dynamic_sampling/step_groups/total"}
-VAL_KEYS = ("val/success_rate", "val/score/mean", "val/response_length/mean",
-            "timing_s/validation")
+VAL_KEYS = ("val/success_rate", "val/greedy/success_rate", "val/sampled/success_rate",
+            "val/score/mean", "val/response_length/mean", "timing_s/validation")
 VAL_PREFIX = "val/"
 # The user's own nodes' metrics shown at most (all of them are in metrics.jsonl).
 CUSTOM_SHOWN = 8

@@ -1,4 +1,5 @@
-"""Validation: greedy rollout over the validation set, scored by the reward engine."""
+"""Validation: rollout over the validation set (decoded as ``rollout.val_kwargs`` say),
+scored by the reward engine; with ``trainer.val_greedy_and_sampled`` a second decoding too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
 )
 from siirl.data_coordinator.protocol import get_non_tensor
+from siirl.errors import ConfigError
+
+DECODINGS = ("greedy", "sampled")  # the metric prefixes of trainer.val_greedy_and_sampled
+
+
+def val_kwargs_decoding(config: Any) -> str:
+    """``greedy`` or ``sampled``: how ``rollout.val_kwargs`` decode (as the rollouts read
+    them: greedy unless ``do_sample`` with a positive temperature)."""
+    val_kwargs = config.actor_rollout_ref.rollout.val_kwargs
+    sampled = bool(val_kwargs.do_sample) and float(val_kwargs.temperature or 0.0) > 0.0
+    return "sampled" if sampled else "greedy"
 
 
 def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
@@ -24,10 +36,39 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
     combined, so the metrics are those of the whole set on any number of workers. A graph
     whose rollout node scores its own rows (``worker.scored_rollout()``) is validated
     through that node; otherwise the rollout engine generates and the reward engine scores.
+
+    With ``trainer.val_greedy_and_sampled`` the set is played twice: as ``val_kwargs`` say
+    (the ``val/...`` metrics, unchanged) and with the other decoding, and each pass's
+    metrics are also written under its decoding's name, ``val/greedy/...`` and
+    ``val/sampled/...`` (sampled: at ``val_kwargs``' temperature when they sample, else at
+    the training rollout's).
     """
     sync = getattr(worker, "sync_rollout_weights", None)
     if sync is not None:  # a resumed run may validate before its first step
         sync()
+    batches = list(val_loader)
+    if not getattr(worker.config.trainer, "val_greedy_and_sampled", False):
+        return _validate_once(worker, batches, report=True)
+    own = val_kwargs_decoding(worker.config)
+    other = DECODINGS[1 - DECODINGS.index(own)]
+    rollout = worker.engines.get("rollout")
+    if not hasattr(rollout, "overridden"):
+        raise ConfigError(
+            f"trainer.val_greedy_and_sampled=true, but the rollout engine "
+            f"{type(rollout).__name__} cannot switch its decoding (it has no "
+            "overridden(val_sampled=...)); set trainer.val_greedy_and_sampled=false")
+    # the other decoding first: the val_kwargs pass last leaves its dumps and videos
+    with rollout.overridden(val_sampled=other == "sampled"):
+        extra = _validate_once(worker, batches, report=False)
+    metrics = _validate_once(worker, batches, report=True)
+    for name, values in ((own, dict(metrics)), (other, extra)):
+        metrics.update({f"val/{name}/{key[len('val/'):]}": value
+                        for key, value in values.items()})
+    return metrics
+
+
+def _validate_once(worker: Any, batches: list, report: bool) -> Dict[str, float]:
+    """One pass over ``batches``; ``report``: write and print the generations as asked."""
     rollout = worker.engines.get("rollout")
     reward = worker.engines.get("reward")
     scored_rollout = getattr(worker, "scored_rollout", lambda: None)()
@@ -38,7 +79,6 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
         return reward.compute_reward(rollout.generate(batch, validate=True).batch).batch
 
     rows = []  # (data_source, score, response length, success or None)
-    batches = list(val_loader)
     comm = getattr(worker, "comm", None)
     if comm is not None and comm.active:
         # Generation gathers sharded weights (a collective): every worker must call it as
@@ -52,6 +92,7 @@ def validate(worker: Any, val_loader: Any) -> Dict[str, float]:
     texts = []  # the generations, when validation_data_dir / log_val_generations want them
     trainer = worker.config.trainer
     folder, shown = trainer.validation_data_dir, trainer.log_val_generations or 0
+    folder, shown = (folder, shown) if report else (None, 0)
     for batch in batches:
         scored = generate_and_score(batch)
         if folder or shown:

@@ -82,16 +82,19 @@ class RolloutBase:
 
     @contextmanager
     def overridden(self, n: int | None = None, response_length: int | None = None,
-                   greedy: bool | None = None) -> Iterator[None]:
+                   greedy: bool | None = None, val_sampled: bool | None = None
+                   ) -> Iterator[None]:
         """``generate`` with ``n`` samples per prompt, ``response_length`` new tokens at
         most and, with ``greedy``, greedy decoding, instead of the config's, inside the
         block (a multi-turn env manager asks for one reply per episode and turn; ReMax's
-        baseline for one greedy reply per prompt)."""
+        baseline for one greedy reply per prompt). ``val_sampled``: validation samples
+        (True) or decodes greedily (False) whatever ``val_kwargs`` says (the validator's
+        second decoding, ``trainer.val_greedy_and_sampled``)."""
         previous = self._overrides
         # nested blocks add to the outer one (a multi-turn turn inside a greedy baseline)
         self._overrides = {**previous, **{k: v for k, v in (
-            ("n", n), ("response_length", response_length), ("greedy", greedy))
-            if v is not None}}
+            ("n", n), ("response_length", response_length), ("greedy", greedy),
+            ("val_sampled", val_sampled)) if v is not None}}
         try:
             yield
         finally:
@@ -101,13 +104,18 @@ class RolloutBase:
         """n, greedy, temperature, top_k, top_p for training or validation."""
         rollout = self.cfg.actor_rollout_ref.rollout
         base = rollout.val_kwargs if validate else rollout
+        n = as_int(base.n)
+        greedy = not base.do_sample or float(base.temperature or 0.0) <= 0.0
+        sampled = self._overrides.get("val_sampled") if validate else None
+        if sampled is not None:
+            if sampled and greedy:  # val_kwargs decode greedily: sample as training does
+                base = rollout
+            greedy = not sampled
         temperature = float(base.temperature or 0.0)
-        do_sample = bool(base.do_sample)
         top_k = as_int(base.top_k) or -1
         return {
-            "n": self._overrides.get("n") or as_int(base.n) or 1,
-            "greedy": self._overrides.get("greedy", False) or (not do_sample) or
-            temperature <= 0.0,
+            "n": self._overrides.get("n") or n or 1,
+            "greedy": self._overrides.get("greedy", False) or greedy,
             "temperature": temperature if temperature > 0 else 1.0,
             "top_k": top_k if top_k > 0 else -1,  # -1 and 0 both mean "off"
             "top_p": float(base.top_p),
