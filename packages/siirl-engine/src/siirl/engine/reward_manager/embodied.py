@@ -9,11 +9,18 @@ success). With several workers the progress reward compares a failure with its t
 successes on every worker (the global batch), and ``reward/progress/mean`` is the global
 batch's mean; ``reward/progress/count`` counts this worker's scored failures (summed over
 the workers in the step's metrics).
+
+``reward_model.reward_kwargs.reward=coin_flip`` (a learning control; default ``success``)
+pays every episode 0 or 1 by a fair coin instead, whatever it did (failed, succeeded or
+ran out of steps; no progress reward), seeded by ``trainer.seed``, the step, the group and
+the episode's place in it: a policy trained on it has nothing to learn, so its validation
+(which still measures success) should only drift.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -32,8 +39,11 @@ from siirl.data_coordinator.fields import (
 from siirl.data_coordinator.protocol import get_non_tensor
 from siirl.engine.common.config import typed_config
 from siirl.engine.reward_score.embodied import progress_rewards
-from siirl.errors import DataError
+from siirl.errors import ConfigError, DataError
 from siirl.execution.dag.node import NodeRole
+
+
+REWARDS = ("success", "coin_flip")
 
 
 class EmbodiedRewardManager:
@@ -41,10 +51,30 @@ class EmbodiedRewardManager:
 
     def __init__(self, role: str = "reward", config: Any = None, worker: Any = None,
                  peers: Optional[Mapping[str, Any]] = None, reward_coef: Optional[float] = None):
-        kwargs = dict(typed_config(config).reward_model.reward_kwargs or {})
+        typed = typed_config(config)
+        kwargs = dict(typed.reward_model.reward_kwargs or {})
         self.reward_coef = float(reward_coef if reward_coef is not None else
                                  kwargs.get("reward_coef", 1.0))
+        self.reward = str(kwargs.get("reward", "success"))
+        if self.reward not in REWARDS:
+            raise ConfigError(f"reward_model.reward_kwargs.reward={self.reward!r}: the "
+                              "embodied reward manager pays success (SRPO's progress for "
+                              "failures with video embeddings) or coin_flip (a fair coin "
+                              "per episode, a learning control)")
+        self.seed = int(typed.trainer.seed or 0)
         self.worker = worker
+
+    def _coins(self, batch: Any, count: int) -> np.ndarray:
+        """A fair coin per row, from the run seed, the step, the row's group and its place
+        in the group: the same on any number of workers."""
+        step = int(getattr(self.worker, "global_step", 0) or 0)
+        groups = get_non_tensor(batch, UID) if UID in batch.keys() else ["all"] * count
+        seen: dict = {}
+        coins = []
+        for group in groups:
+            place = seen[group] = seen.get(group, -1) + 1
+            coins.append(random.Random(f"{self.seed}/{step}/{group}/{place}").random() < 0.5)
+        return np.array(coins, dtype=np.float64)
 
     def _reduction(self) -> Any:
         """Gathers over the workers whose rows make up the batch at the reward node (the
@@ -66,7 +96,9 @@ class EmbodiedRewardManager:
         groups = get_non_tensor(batch, TASK_ID) if TASK_ID in keys else \
             get_non_tensor(batch, UID) if UID in keys else ["all"] * len(success)
         metrics = {"reward/success_rate": float(success.mean()) if len(success) else 0.0}
-        if TRAJECTORY_EMBEDDING in keys:
+        if self.reward == "coin_flip":
+            scores = self._coins(batch, len(success))
+        elif TRAJECTORY_EMBEDDING in keys:
             reduction = self._reduction()
             scores, distances = progress_rewards(
                 batch[TRAJECTORY_EMBEDDING].float().cpu().numpy(), success, groups,

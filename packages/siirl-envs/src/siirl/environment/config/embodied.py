@@ -38,6 +38,12 @@ class EmbodiedEnvironmentArguments:
         "help": "A simulator call that takes longer is killed and restarted, its episode "
                 "dropped and counted."})
     max_steps: int = 512
+    action_order: List[int] = field(default_factory=list, metadata={
+        "help": "siiRL's learning control: the environment's action dimension i takes the "
+                "policy's dimension action_order[i] (a permutation; []: unchanged)."})
+    action_signs: List[float] = field(default_factory=list, metadata={
+        "help": "siiRL's learning control: each environment action dimension times 1 or -1 "
+                "(e.g. [-1, 1] mirrors x; []: unchanged)."})
     num_trials_per_task: int = 50
     num_steps_wait: int = 10
     model_family: str = "openvla"

@@ -49,6 +49,7 @@ from siirl.data_coordinator.fields import (
     TRAJECTORY_EMBEDDING,
     UID,
 )
+from siirl.environment.embodied.controls import env_action_map
 from siirl.environment.embodied.vla_inputs import action_tokenizer_for, vla_prompt_ids
 from siirl.environment.embodied.worker_envs import EMBODIED, worker_envs
 from siirl.environment.episodes.seeds import episode_key, episode_seed
@@ -248,6 +249,7 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
     if k < 1:
         raise ConfigError(f"{EMBODIED}.action_chunks_len={k}: a chunk is at least 1 action")
     chunks = -(-int(envs.max_steps) // k)
+    remap = env_action_map(config, action_dim)
     tasks = list(envs.task_ids)
     episodes = []
     prompts: Dict[str, List[int]] = {}
@@ -277,6 +279,8 @@ def embodied_rollout(batch: Any, config: Any = None, worker: Any = None,
         out = policy.generate(fields, [e.key for e in playing])
         tokens = out[RESPONSES].numpy()
         chunk = np.stack([actions.chunk(t, action_dim) for t in tokens])
+        if remap is not None:  # the permuted-actions control: the env gets them changed
+            chunk = remap(chunk)
         for row, episode in enumerate(playing):
             if record and len(episode.tokens) < chunks:
                 episode.tokens.append(tokens[row])
