@@ -42,7 +42,6 @@ from siirl.engine.reward_score.embodied import progress_rewards
 from siirl.errors import ConfigError, DataError
 from siirl.execution.dag.node import NodeRole
 
-
 REWARDS = ("success", "coin_flip")
 
 
