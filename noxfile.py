@@ -1,6 +1,6 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
 ``nox -s reliability``, ``nox -s parity``, ``nox -s launch_scripts``, ``nox -s megatron``,
-``nox -s mutmut``, ``nox -s embodied_sim``."""
+``nox -s mutmut``, ``nox -s embodied_sim``, ``nox -s learning_controls``."""
 
 import nox
 
@@ -93,6 +93,19 @@ def megatron(session: nox.Session) -> None:
                 "tests/e2e/test_async_megatron.py", "tests/tools/test_check_megatron.py",
                 *session.posargs,
                 env={"SIIRL_MEGATRON": "all"})
+
+
+@nox.session
+def learning_controls(session: nox.Session) -> None:
+    """The learning controls at full length, AGENTIC and EMBODIED: a coin-flip reward does not
+    raise validation, a task with permuted actions starts near zero and is learned; the
+    default ``pytest`` runs their short versions (tests/siirl_suites.py)."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package + ("[gym]" if package.endswith("envs") else ""))
+    session.run("python", "-m", "pytest", "-q", "tests/e2e/learning_controls",
+                *session.posargs, env={"SIIRL_LEARNING": "all"})
 
 
 @nox.session(venv_backend="none")

@@ -2,7 +2,11 @@
 
 ``megatron_full`` marks multi-worker megatron runs whose path a faster test of the same
 file already covers in process or over gloo; ``SIIRL_MEGATRON=all`` (``nox -s megatron``)
-runs them too."""
+runs them too.
+
+``learning_full`` marks the learning controls' full runs (a coin-flip reward, permuted
+actions, over the presets' own step counts); ``SIIRL_LEARNING=all`` (``nox -s
+learning_controls``) runs them, the default ``pytest`` their short versions."""
 
 import os
 
@@ -11,3 +15,8 @@ import pytest
 MEGATRON_ALL = os.environ.get("SIIRL_MEGATRON") == "all"
 megatron_full = pytest.mark.skipif(
     not MEGATRON_ALL, reason="a multi-worker megatron run: SIIRL_MEGATRON=all (nox -s megatron)")
+
+LEARNING_ALL = os.environ.get("SIIRL_LEARNING") == "all"
+learning_full = pytest.mark.skipif(
+    not LEARNING_ALL, reason="a full learning-control run: SIIRL_LEARNING=all "
+    "(nox -s learning_controls)")

@@ -35,6 +35,7 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
     UID,
 )
+from siirl.environment.agentic import controls
 from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.environment.registry import make_env
@@ -259,6 +260,8 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                                    settings.error_penalty)
     pool = _pool(settings)
     partition = scheduler.num_groups_partition
+    said = {tag: controls.action_words(tag, custom[tag]) for tag in tags}
+    coin_tags = {tag for tag in tags if controls.reward_kind(tag, custom[tag]) == "coin_flip"}
 
     def starter(tag: str, seed: int, group: str, key: int):
         def start():
@@ -271,7 +274,9 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                                f"custom_envs.{tag}.env_type")
                 if instruction is not None:
                     env.instructions = str(instruction)
-            return manager.start(env, seed, group=group, tag=tag, key=key)
+            episode = manager.start(env, seed, group=group, tag=tag, key=key)
+            episode.action_words = said[tag]
+            return episode
         return start
 
     starts = []
@@ -292,6 +297,9 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
         episode.env.close()
 
     episodes = manager.run_scheduled(starts, policy, in_flight, finished)
+    for episode in episodes:
+        if episode.tag in coin_tags:
+            controls.coin_flip(episode, run_seed, step)
     mode = str(settings.mode or "trajectory").lower()
     if mode not in ("trajectory", "step"):
         raise ConfigError(f"env_manager.mode={settings.mode!r}: use trajectory (an episode "

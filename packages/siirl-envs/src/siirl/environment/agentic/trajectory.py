@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from siirl.data_coordinator.dataloader.partitioned_dataset import encode_text, render_prompt
+from siirl.environment.agentic.controls import said_to_env
 from siirl.environment.base import TextEnv
 from siirl.errors import PluginNotFoundError
 
@@ -49,6 +50,8 @@ class Episode:
     done: bool = False
     error: Optional[str] = None  # the kind of environment failure that ended it
     final_render: Optional[str] = None  # the environment's render() at the end (validation)
+    # custom_envs.<tag>.action_words (a control): said word -> the environment's action
+    action_words: Optional[Dict[str, str]] = None
     # per turn: where the reply sits in ``ids`` and the reward that followed it
     turn_spans: List[tuple] = field(default_factory=list)
     turn_rewards: List[float] = field(default_factory=list)
@@ -169,6 +172,8 @@ class TrajectoryEnvManager:
         episode.turns += 1
         text = self.tokenizer.decode(reply, skip_special_tokens=True)
         action = episode.env.parse_action(text)
+        if action is not None:
+            action = said_to_env(episode.action_words, action)
         if action is None:
             episode.format_errors += 1
             episode.add_reward(self.format_penalty)

@@ -109,6 +109,23 @@ def scheduler_problems(config: Any) -> List[str]:
     return problems
 
 
+def control_problems(config: Any) -> List[str]:
+    """The learning controls of each custom_envs entry (action_words, reward) are valid."""
+    from siirl.environment.agentic.controls import action_words, reward_kind
+    from siirl.errors import ConfigError
+
+    problems = []
+    for tag, entry in dict(get(config, "custom_envs") or {}).items():
+        if not hasattr(entry, "get"):
+            continue
+        for check in (action_words, reward_kind):
+            try:
+                check(tag, entry)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    return problems
+
+
 # ROLL's layout {tag: {env_type, env_config, env_instruction}}: a free-form mapping whose
 # tags the user names; the agentic rollouts build one environment per tag
 # (siirl.environment.registry.envs_from_config)
@@ -120,9 +137,14 @@ CUSTOM_ENVS = ConfigSection(
                 "TAG: {env_type, env_config, env_instruction}.",
         "entries": {"env_type": "an installed environment (siirl.environments)",
                     "env_config": "the environment's own settings (a dict)",
-                    "env_instruction": "the rules shown to the agent (optional)"},
+                    "env_instruction": "the rules shown to the agent (optional)",
+                    "action_words": "a control: the word the agent says -> the action the "
+                                    "environment takes, e.g. {Left: Up, Up: Left} (optional)",
+                    "reward": "env (default) or coin_flip: a control whose fair coin per "
+                              "episode replaces every reward (optional)"},
         "example": "+custom_envs.Sok.env_type=sokoban "
                    "+custom_envs.Sok.env_config.dim_room=[6,6]"},
+    constraints=control_problems,
 )
 # read by the AGENTIC workflow and the env-manager rollouts of custom workflows alike, so no
 # selector: the keys apply wherever an env manager runs
