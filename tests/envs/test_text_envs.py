@@ -74,6 +74,29 @@ def test_frozen_lake_through_gymnasium():
     assert hole is not None
 
 
+
+def test_frozen_lake_progress_reward_scores_every_move():
+    pytest.importorskip("gymnasium")
+    from siirl.environment import frozen_lake
+
+    env = make_env("frozen_lake", {"size": 4, "progress_reward": 0.1})
+    for seed in range(10):
+        env.reset(seed)
+        plan = frozen_lake.solve(env)
+        rewards = [env.step(move)[1] for move in plan]
+        # each move on the shortest path shortens it by one; the goal pays 1 on top
+        assert rewards == pytest.approx([0.1] * (len(plan) - 1) + [1.1])
+        env.reset(seed)
+        first = plan[0]
+        back = {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"}[first]
+        assert env.step(first)[1] == pytest.approx(0.1)
+        assert env.step(back)[1] == pytest.approx(-0.1)  # back where it started
+    env.reset(0)
+    assert env.step("Up")[1] == 0.0  # into the edge: nothing moves
+    env.close()
+    with pytest.raises(ConfigError, match="progress_reward needs is_slippery=false"):
+        make_env("frozen_lake", {"progress_reward": 0.1, "is_slippery": True})
+
 def test_tool_math_calculator_answers_and_errors():
     env = make_env("tool_math", {"operands": 3})
     question = env.reset(5)

@@ -4,6 +4,11 @@
 Grid symbols: ``P`` you, ``_`` frozen ice, ``O`` hole, ``G`` goal. Actions: Left, Down,
 Right, Up. Reward 1 for reaching the goal; the episode ends there or in a hole.
 gymnasium's ``generate_random_map`` only returns maps with a path from start to goal.
+
+``progress_reward: c`` (not slippery only) adds ``c`` for each step that shortens the safe
+path left to the goal and takes ``c`` off for each that lengthens it (a bump into the edge:
+nothing; a fall into a hole: nothing, the episode just ends), so every move is scored, not
+only the last one: shaping by the path length, which leaves the best policy unchanged.
 """
 
 from __future__ import annotations
@@ -36,13 +41,17 @@ class FrozenLake(TextEnv):
         "Reply with one action inside <answer></answer>, e.g. <answer>Down</answer>.")
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = False,
-                 max_steps: Optional[int] = None):
+                 max_steps: Optional[int] = None, progress_reward: float = 0.0):
         if int(size) < 2:
             raise ConfigError(f"frozen_lake: size={size} must be at least 2")
         if not 0.0 < float(p) <= 1.0:
             raise ConfigError(f"frozen_lake: p={p} (the chance a cell is frozen) must be in "
                               "(0, 1]")
+        if float(progress_reward) and is_slippery:
+            raise ConfigError("frozen_lake: progress_reward needs is_slippery=false (a "
+                              "slippery step does not go where it was sent)")
         self.size, self.p, self.is_slippery = int(size), float(p), bool(is_slippery)
+        self.progress_reward = float(progress_reward)
         self.max_steps = max_steps
         self._gym = None
         self.desc: List[str] = []
@@ -71,12 +80,20 @@ class FrozenLake(TextEnv):
         if code is None:  # not an action: nothing moves
             done = self.max_steps is not None and self.steps >= self.max_steps
             return self.render(), 0.0, done, {"success": False, "action_is_valid": False}
+        before = self._path_left() if self.progress_reward else None
         _, reward, terminated, truncated, _ = self._gym.step(code)
         success = reward > 0
+        if before is not None and not (terminated and not success):
+            reward += self.progress_reward * (before - self._path_left())
         done = bool(terminated or truncated) or \
             (self.max_steps is not None and self.steps >= self.max_steps)
         return self.render(), float(reward), done, {"success": success,
                                                     "action_is_valid": True}
+
+    def _path_left(self) -> int:
+        """Moves on the shortest safe path from here to the goal (0 on it)."""
+        path = solve(self)
+        return len(path) if path is not None else 0
 
     def render(self) -> str:
         if self._gym is None:

@@ -4,11 +4,11 @@
   environment takes (case-insensitive; words not named pass unchanged). A model taught the
   environment's own words starts near zero on the permuted task; learning it shows the
   pipeline teaches something new.
-* ``reward: coin_flip`` - every episode's score is 0 or 1 by a fair coin (seeded by the run
-  seed, the step and the episode's key), whatever the agent did: format penalties, the
-  environment's rewards and where the episode ended play no part. Success is still the
-  environment's, so validation measures the real task; a policy trained on this reward has
-  nothing to learn, and its validation should only drift.
+* ``reward: coin_flip`` - every training episode's score is 0 or 1 by a fair coin (seeded by
+  the run seed, the step and the episode's key), whatever the agent did: format penalties,
+  the environment's rewards and where the episode ended play no part. Validation keeps the
+  environment's rewards and success, so it measures the real task; a policy trained on the
+  coin has nothing to learn, and its validation should only drift.
 """
 
 from __future__ import annotations

@@ -261,7 +261,9 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
     pool = _pool(settings)
     partition = scheduler.num_groups_partition
     said = {tag: controls.action_words(tag, custom[tag]) for tag in tags}
-    coin_tags = {tag for tag in tags if controls.reward_kind(tag, custom[tag]) == "coin_flip"}
+    # validation reports the environments' own scores, so the coin pays training only
+    coin_tags = {tag for tag in tags if not validate and
+                 controls.reward_kind(tag, custom[tag]) == "coin_flip"}
 
     def starter(tag: str, seed: int, group: str, key: int):
         def start():
