@@ -47,7 +47,7 @@ def test_the_key_is_one_of_the_task_names(value, ok):
     config = to_typed(parse_config([f"data.builtin_task={value}"], check_support=False))
     problems = [p for p in value_problems(config) if p.startswith("data.builtin_task")]
     assert problems == ([] if ok else ["data.builtin_task='gsm8k': must be one of: arithmetic, "
-                                       "repeat"])
+                                       "repeat, chat_arithmetic"])
 
 
 def test_the_key_costs_a_notice_when_both_files_are_given():

@@ -49,8 +49,9 @@ class DataArguments:
     builtin_task: str = field(
         default="arithmetic",
         metadata={"help": "The built-in task written under the run dir for train_files/"
-                          "val_files left null: arithmetic (1-3 token answers) or repeat "
-                          "('ab*3=' -> 'ababab', response lengths with a long tail)."},
+                          "val_files left null: arithmetic (1-3 token answers), repeat "
+                          "('ab*3=' -> 'ababab', response lengths with a long tail) or "
+                          "chat_arithmetic (arithmetic asked in words, for chat models)."},
     )
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"

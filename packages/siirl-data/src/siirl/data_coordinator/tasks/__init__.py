@@ -16,7 +16,7 @@ _EXPORTS = {
 
 # the built-in tasks (``data.builtin_task``), each a module here with ``make_splits`` and
 # ``write_parquet``; the first is the default
-TASK_NAMES = ("arithmetic", "repeat")
+TASK_NAMES = ("arithmetic", "repeat", "chat_arithmetic")
 
 __all__ = sorted([*_EXPORTS, "TASK_NAMES", "task_module"])
 

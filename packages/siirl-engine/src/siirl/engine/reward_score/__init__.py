@@ -10,13 +10,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, Dict
 
-from siirl.engine.reward_score import arithmetic, gsm8k, math_answer, repeat
+from siirl.engine.reward_score import arithmetic, chat_arithmetic, gsm8k, math_answer, repeat
 from siirl.errors import ConfigError
 
 Scorer = Callable[[str, Any, Any], Any]
 
 SCORERS: Dict[str, Scorer] = {
     "arithmetic": arithmetic.compute_score,
+    "chat_arithmetic": chat_arithmetic.compute_score,
     "repeat": repeat.compute_score,
     "openai/gsm8k": partial(gsm8k.compute_score, method="strict"),
     "gsm8k": partial(gsm8k.compute_score, method="strict"),
