@@ -1,12 +1,14 @@
 """Build siiRL's built-in tiny vision-language-action model (``siirl/engine/assets/tiny_vla``,
 ``builtin:tiny-vla``): a few hundred thousand parameters that play the ``reach`` tasks
-(Reach2D), badly.
+(Reach2D): the reach tasks well, the push tasks rarely.
 
-    python tools/make_tiny_vla.py          # build, warm up, save (a few minutes on a CPU)
+    python tools/make_tiny_vla.py          # build, warm up, save (several minutes on a CPU)
 
-It is made for the EMBODIED presets: sampled at temperature 1 it succeeds in some
-episodes, not most, so GRPO's group advantages have signal from the first step and a short
-run has room to raise the success rate.
+It is made for the EMBODIED presets: behaviour cloning runs its whole schedule (no early
+stop, no softening after it), and the model card states what it then scores, greedy and
+sampled. It reaches almost always; pushing a block past a line (the expert goes round the
+block and shoves it) it imitates well enough to succeed now and then when sampled, which is
+what the push preset's GRPO starts from.
 
 * Steps are the real ones: per chunk step the prompt is the instruction's ids, 16 image
   placeholders and one proprio placeholder (``vla_inputs.vla_prompt_ids``), left-padded, and
@@ -15,7 +17,8 @@ run has room to raise the success rate.
   (standard deviation per episode, in turn from ``--noises``), so the episodes wander off
   its path; every visited state is labelled with the expert's noise-free chunk from that
   state. The loss is on the action tokens only, against targets spread over a few
-  neighbouring bins (``--label-sigma``).
+  neighbouring bins (``--label-sigma``, one bin: narrow enough for greedy decoding to
+  follow the expert; three bins left every bin distribution wide).
 * Two stages. First ``--aux-steps`` steps on auxiliary read-outs alone (linear probes,
   not saved): every block's and the gripper's position from the image tokens, the target
   block's position and offset from the backbone's output at the proprio token. Without
@@ -26,13 +29,9 @@ run has room to raise the success rate.
   instruction round-trips), then the 256 action tokens as the last ids, ``<a{i}>`` = bin
   ``i`` = id ``vocab - 1 - i``.
 
-Imitation stops at the first check (every ``--eval-every`` steps, after at least
-``--min-imitation-steps``) where, on held-out seeds, the success rate sampled at temperature
-1 is inside ``--lo``..``--hi`` and the greedy one inside ``--greedy-lo``..``--greedy-hi``: a
-policy that knows where to go but often fails, mostly on reach tasks (pushing is much harder
-and stays rare). Stopping earlier (right after imitation starts) gave a start that a short
-GRPO run did not improve. Everything is seeded and runs on one CPU thread,
-so a re-run reproduces the same weights (on the same torch build).
+Every ``--eval-every`` imitation steps, and at the end, it plays held-out seeds greedily and
+sampled at temperature 1 (logged only: nothing is chosen by them). Everything is seeded and
+runs on one CPU thread, so a re-run reproduces the same weights (on the same torch build).
 """
 
 from __future__ import annotations
@@ -238,11 +237,6 @@ def evaluate(model, acts, prompts, args) -> dict:
             "sampled": play(model, acts, prompts, seeds, TEMPERATURE, args.seed)}
 
 
-def in_window(args, result: dict) -> bool:
-    return (args.lo <= result["sampled"]["success"] <= args.hi
-            and args.greedy_lo <= result["greedy"]["success"] <= args.greedy_hi)
-
-
 def summary(result: dict) -> str:
     return (f"greedy {result['greedy']['success']:.3f} sampled "
             f"{result['sampled']['success']:.3f}")
@@ -302,14 +296,11 @@ def warm_up(model, acts, prompts, data, args, log) -> tuple[int, dict]:
         imitate = 0.0 if step <= args.aux_steps else 1.0
         optimiser_step(opt, imitate * loss + args.aux_weight * aux, lr_at(step - 1), clip=params)
         imitated = step - args.aux_steps
-        if (imitated % args.eval_every or imitated < args.min_imitation_steps) \
-                and step != args.steps:
+        if (imitated <= 0 or imitated % args.eval_every) and step != args.steps:
             continue
         result = evaluate(model, acts, prompts, args)
         log(f"step {step:4d} loss {loss.item():.3f} aux {aux.item():.4f} success "
             f"{summary(result)}")
-        if args.early_stop and in_window(args, result):
-            return step, result
     return args.steps, result
 
 
@@ -327,26 +318,20 @@ def main(argv=None) -> None:
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=2000,
-                    help="the learning-rate schedule's length (the build stops earlier)")
+                    help="training steps (the learning-rate schedule's length)")
     ap.add_argument("--episodes", type=int, default=3000, help="scripted episodes")
     ap.add_argument("--noises", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9],
                     help="the expert's action noise (standard deviation), per episode")
-    ap.add_argument("--label-sigma", type=float, default=3.0,
+    ap.add_argument("--label-sigma", type=float, default=1.0,
                     help="spread of the targets over neighbouring bins (0: one-hot)")
     ap.add_argument("--aux-weight", type=float, default=1.0,
                     help="weight of the position read-out loss on the image tokens")
     ap.add_argument("--aux-steps", type=int, default=1000,
                     help="steps on the read-out losses alone before imitation starts")
-    ap.add_argument("--min-imitation-steps", type=int, default=150,
-                    help="imitation steps before the first check: earlier, the policy has "
-                         "not yet taken its shape and GRPO gains little from it")
-    ap.add_argument("--eval-every", type=int, default=20)
-    ap.add_argument("--eval-seeds", type=int, default=16, help="held-out seeds per task")
-    ap.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--lo", type=float, default=0.15, help="sampled success, low")
-    ap.add_argument("--hi", type=float, default=0.3, help="sampled success, high")
-    ap.add_argument("--greedy-lo", type=float, default=0.05, help="greedy success, low")
-    ap.add_argument("--greedy-hi", type=float, default=0.35, help="greedy success, high")
+    ap.add_argument("--eval-every", type=int, default=250,
+                    help="imitation steps between progress checks (logged only)")
+    ap.add_argument("--eval-seeds", type=int, default=50,
+                    help="held-out seeds per task (the card's scores)")
     args = ap.parse_args(argv)
 
     log = timed_log()
@@ -362,8 +347,7 @@ def main(argv=None) -> None:
     log(f"vocab {len(tok)}, params {n_params:,}, {args.episodes} scripted episodes, "
         f"{len(data['task'])} steps")
     steps, result = warm_up(model, acts, prompts, data, args, log)
-    ok = in_window(args, result)
-    log(f"stopped after {steps} steps: {summary(result)}\n{per_task(result)}")
+    log(f"trained {steps} steps: {summary(result)}\n{per_task(result)}")
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -375,16 +359,12 @@ def main(argv=None) -> None:
                 intermediate=args.intermediate, vocab=len(tok), seed=args.seed, steps=steps,
                 lr=args.lr, wd=args.wd, label_sigma=args.label_sigma,
                 aux_weight=args.aux_weight, aux_steps=args.aux_steps,
-                min_imitation_steps=args.min_imitation_steps, schedule_steps=args.steps,
-                batch_size=args.batch_size, episodes=args.episodes,
-                samples=len(data["task"]), noises=args.noises, lo=args.lo, hi=args.hi,
-                greedy_lo=args.greedy_lo, greedy_hi=args.greedy_hi,
+                schedule_steps=args.steps, batch_size=args.batch_size,
+                episodes=args.episodes, samples=len(data["task"]), noises=args.noises,
                 eval_seeds=args.eval_seeds, build_s=round(build_s), result=result)
     (out / "vla_envs.json").write_text(json.dumps(envs_record(), indent=2) + "\n")
     finish(out, card_text(info, prompts, tok), log)
     print(json.dumps(info))
-    if not ok:
-        raise SystemExit("success out of the window at the stop: adjust the settings")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ SMALL = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
          "actor_rollout_ref.embodied.env.max_steps=24",
          "trainer.logger=[]", "trainer.test_freq=2", "trainer.total_training_steps=2",
-         "trainer.save_freq=1", "trainer.device=cpu"]
+         "trainer.save_freq=1", "trainer.device=cpu",
+         "trainer.val_greedy_and_sampled=false"]  # one validation pass (CI time)
 IGNORED = ("timing_s/", "perf/")
 
 
