@@ -6,7 +6,8 @@ import pytest
 from test_trajectory_manager import char_tokenizer
 
 from siirl.environment import make_env
-from siirl.environment.agentic import TrajectoryEnvManager, controls
+from siirl.environment import text_controls as controls
+from siirl.environment.agentic import TrajectoryEnvManager
 from siirl.environment.config.agentic import control_problems
 from siirl.errors import ConfigError
 

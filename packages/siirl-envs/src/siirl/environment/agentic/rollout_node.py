@@ -35,7 +35,7 @@ from siirl.data_coordinator.fields import (
     TOKEN_LEVEL_SCORES,
     UID,
 )
-from siirl.environment.agentic import controls
+from siirl.environment import text_controls as controls
 from siirl.environment.agentic.trajectory import Episode, TrajectoryEnvManager
 from siirl.environment.episodes.seeds import episode_key, episode_seed
 from siirl.environment.registry import make_env

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from siirl.data_coordinator.dataloader.partitioned_dataset import encode_text, render_prompt
-from siirl.environment.agentic.controls import said_to_env
 from siirl.environment.base import TextEnv
+from siirl.environment.text_controls import said_to_env
 from siirl.errors import PluginNotFoundError
 
 FORMAT_HINT = "Invalid format: {instructions}"

@@ -111,7 +111,7 @@ def scheduler_problems(config: Any) -> List[str]:
 
 def control_problems(config: Any) -> List[str]:
     """The learning controls of each custom_envs entry (action_words, reward) are valid."""
-    from siirl.environment.agentic.controls import action_words, reward_kind
+    from siirl.environment.text_controls import action_words, reward_kind
     from siirl.errors import ConfigError
 
     problems = []

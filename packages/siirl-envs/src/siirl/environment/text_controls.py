@@ -1,4 +1,4 @@
-"""Learning controls for AGENTIC runs, set per environment tag in ``custom_envs``:
+"""Learning controls for AGENTIC runs (text environments), set per tag in ``custom_envs``:
 
 * ``action_words: {Left: Up, Up: Left}`` - the word the agent says -> the action the
   environment takes (case-insensitive; words not named pass unchanged). A model taught the
