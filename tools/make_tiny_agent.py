@@ -1,12 +1,13 @@
 """Build siiRL's built-in tiny agent model (``siirl/engine/assets/tiny_agent``,
 ``builtin:tiny-agent``): one tiny Llama that plays FrozenLake and Sokoban, badly.
 
-    python tools/make_tiny_agent.py          # build, warm up, soften, save (~17 min on a CPU)
+    python tools/make_tiny_agent.py          # build, warm up, save (~35 min on a CPU)
     python tools/tiny_agent_rl_check.py      # then a short GRPO-like check on the result
 
-It is made for the AGENTIC presets (``configs/agentic_*.yaml``): it answers in the right
-format almost always and succeeds in some episodes, not most, so GRPO's group advantages
-have signal from the first step.
+It is the starting model of the AGENTIC presets (``configs/agentic_*.yaml``) as it comes out
+of its supervised warm-up: nothing weakens it afterwards, and the presets train it on
+variants of these tasks that it was never taught (its card has its greedy and sampled
+scores on the taught ones).
 
 * Episodes are the real ones: ``TrajectoryEnvManager`` builds every training sequence
   exactly as the AGENTIC rollout node does (no chat template: the instruction line and the
@@ -25,14 +26,11 @@ have signal from the first step.
   round-trips. ``<pad>``=0, ``<s>``=1, ``</s>``=2, ``<unk>``=3; no BOS, no chat template, left
   padding.
 
-* After the warm-up, ``--soften-steps`` train only the action words' (tied) embedding rows
-  toward soft labels (``--soften-alpha`` on the solver's action, the rest evenly over the
-  four): the model still reads the grid (greedy play), but samples its action unsurely, so
-  GRPO's first gains are a sharpening it can make in minutes on a CPU.
+* The warm-up runs its whole cosine schedule (``--steps``); the model is saved as it ends.
 
-The build fails unless, on held-out seeds, each environment's sampled success is inside
-``--lo``..``--hi``, its greedy success at least ``--greedy-lo``, and at most
-``--max-format-errors`` of the replies lack an action.
+The build fails unless, on held-out seeds, each environment's greedy success is at least
+``--greedy-lo`` (it learned to read the grid) and at most ``--max-format-errors`` of the
+replies lack an action.
 Everything is seeded and runs on one CPU thread, so a re-run reproduces the same weights
 (on the same torch build).
 """
@@ -228,11 +226,10 @@ def evaluate_all(model, tok, args) -> dict:
             for mode in ("greedy", "sampled") for tag in ENVS}
 
 
-def in_window(args, result: dict) -> bool:
-    """Sampled success rates (what GRPO starts from) in ``lo``..``hi``, greedy ones at least
-    ``greedy_lo`` (the model reads the grid); few replies without an action."""
-    return all((args.greedy_lo <= r["success"] if key.endswith("/greedy")
-                else args.lo <= r["success"] <= args.hi)
+def learned(args, result: dict) -> bool:
+    """Greedy success at least ``greedy_lo`` (the model reads the grid); few replies without
+    an action, greedy or sampled."""
+    return all((args.greedy_lo <= r["success"] or not key.endswith("/greedy"))
                and r["format_errors"] <= args.max_format_errors for key, r in result.items())
 
 
@@ -257,49 +254,6 @@ def warm_up(model, tok, rows, args, log) -> dict:
     return result
 
 
-# ------------------------------------------------------------------------- soften
-def soft_action_loss(model, ids, att, lab, action_ids: torch.Tensor, alpha: float):
-    """Cross-entropy where a solver's action word is a soft label: ``alpha`` on it and the
-    rest spread evenly over the four action words; every other agent token as before."""
-    logp = model(input_ids=ids, attention_mask=att).logits[:, :-1].float().log_softmax(-1)
-    lab = lab[:, 1:]
-    valid = lab != -100
-    is_action = (lab.unsqueeze(-1) == action_ids).any(-1) & valid
-    nll = -logp.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    spread = -logp[..., action_ids].mean(-1)
-    per_token = torch.where(is_action, alpha * nll + (1 - alpha) * spread, nll)
-    return per_token[valid].mean()
-
-
-def soften(model, tok, rows, args, log) -> None:
-    """Make the warmed-up model unsure of its action, not of what it sees: only the four
-    action words' embedding rows train (tied, so their logits), toward soft labels. Sampled
-    play drops towards chance, greedy play much less (the card has both), and that gap is
-    what GRPO closes first."""
-    action_ids = torch.tensor(tok.convert_tokens_to_ids(ACTIONS))
-    for p in model.parameters():
-        p.requires_grad_(False)
-    emb = model.get_input_embeddings().weight
-    emb.requires_grad_(True)
-    rows_trained = torch.zeros(emb.shape[0], 1)
-    rows_trained[action_ids] = 1.0
-    hook = emb.register_hook(lambda grad: grad * rows_trained)
-    opt = torch.optim.AdamW([emb], lr=args.soften_lr, weight_decay=0.0)
-    rng = random.Random(args.seed + 1)
-    model.train()
-    for step in range(1, args.soften_steps + 1):
-        loss = soft_action_loss(model, *batch_tensors(rng.sample(rows, args.batch_size)),
-                                action_ids, args.soften_alpha)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 50 == 0 or step == args.soften_steps:
-            log(f"soften step {step:4d} loss {loss.item():.3f}")
-    hook.remove()
-    for p in model.parameters():
-        p.requires_grad_(True)
-
-
 # -------------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -313,20 +267,13 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--frozenlake-episodes", type=int, default=1000)
     ap.add_argument("--sokoban-episodes", type=int, default=6000,
                     help="more than FrozenLake's: its episodes are shorter, and harder")
-    ap.add_argument("--eval-every", type=int, default=300)
-    ap.add_argument("--eval-episodes", type=int, default=100, help="held-out seeds per env")
-    ap.add_argument("--lo", type=float, default=0.01, help="sampled success, low")
-    ap.add_argument("--hi", type=float, default=0.35, help="sampled success, high")
+    ap.add_argument("--eval-every", type=int, default=600)
+    ap.add_argument("--eval-episodes", type=int, default=200, help="held-out seeds per env")
     ap.add_argument("--greedy-lo", type=float, default=0.25, help="greedy success, low")
-    ap.add_argument("--soften-steps", type=int, default=150,
-                    help="steps of soft action labels after the warm-up (0: none)")
-    ap.add_argument("--soften-alpha", type=float, default=0.2,
-                    help="the solver's action's share of the soft label")
-    ap.add_argument("--soften-lr", type=float, default=2e-3)
     ap.add_argument("--max-format-errors", type=float, default=0.05,
                     help="share of replies without an action allowed at the stop")
     args = ap.parse_args(argv)
@@ -341,12 +288,8 @@ def main(argv=None) -> None:
     lengths = [len(ids) for ids, _ in rows]
     log(f"vocab {len(tok)}, params {n_params:,}, {len(rows)} scripted episodes "
         f"({sum(lengths) / len(lengths):.0f} tokens mean, {max(lengths)} max)")
-    warmed = warm_up(model, tok, rows, args, log)
-    if args.soften_steps:
-        soften(model, tok, rows, args, log)
-    result = evaluate_all(model, tok, args)
-    log(f"final success/format-errors {summary(result)}")
-    ok = in_window(args, result)
+    result = warm_up(model, tok, rows, args, log)
+    ok = learned(args, result)
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -360,21 +303,18 @@ def main(argv=None) -> None:
                 head_dim=args.head_dim, vocab=len(tok),
                 seed=args.seed, steps=args.steps, lr=args.lr, wd=args.wd,
                 batch_size=args.batch_size, episodes=len(rows),
-                counts=", ".join(f"{tag} {n}" for tag, n in counts.items()), lo=args.lo, hi=args.hi,
-                greedy_lo=args.greedy_lo, soften_steps=args.soften_steps,
-                soften_alpha=args.soften_alpha, soften_lr=args.soften_lr,
-                eval_episodes=args.eval_episodes, build_s=round(build_s),
-                scripted_tokens_mean=round(sum(lengths) / len(lengths)),
-                scripted_tokens_max=max(lengths), result=result,
-                warm_up_success={key: r["success"] for key, r in warmed.items()})
+                counts=", ".join(f"{tag} {n}" for tag, n in counts.items()),
+                greedy_lo=args.greedy_lo, eval_episodes=args.eval_episodes,
+                build_s=round(build_s), scripted_tokens_mean=round(sum(lengths) / len(lengths)),
+                scripted_tokens_max=max(lengths), result=result)
     (out / "agent_envs.json").write_text(json.dumps(
         {"custom_envs": ENVS, "env_manager": MANAGER}, indent=2) + "\n")
     finish(out, card_text(info, ENVS, WORDS, MANAGER), log,
-           note=f" after {args.steps} + {args.soften_steps} steps")
+           note=f" after {args.steps} steps")
     print(json.dumps(info))
     if not ok:
-        raise SystemExit(f"success out of [{args.lo}, {args.hi}] or too many format errors: "
-                         "adjust the settings")
+        raise SystemExit(f"greedy success under {args.greedy_lo} or too many format errors: "
+                         "the warm-up did not learn the tasks")
 
 
 if __name__ == "__main__":

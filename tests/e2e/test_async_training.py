@@ -150,6 +150,8 @@ def test_agentic_frozenlake_streams_episodes_and_filters_groups_without_variance
     root = HERE.parents[1]
     train(tmp_path, "--config", str(root / "configs/agentic_frozenlake.yaml"), *ASYNC,
           "async_training.staleness_threshold=1", "algorithm.filter_groups.enable=true",
+          # success only (no progress reward): groups whose episodes all fail are common
+          "custom_envs.FrozenLake.env_config.progress_reward=0",
           "trainer.total_training_steps=10", "trainer.test_freq=-1",
           "trainer.val_before_train=false", "data.train_batch_size=8",
           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4")

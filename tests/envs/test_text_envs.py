@@ -140,3 +140,16 @@ def test_registry_errors_name_what_is_wrong():
         make_env("sokoban", {"boxes": 2})
     with pytest.raises(ConfigError, match="dim_room"):
         make_env("sokoban", {"dim_room": [3, 3]})
+
+
+def test_sokoban_progress_reward_scores_every_move():
+    env = make_env("sokoban", {"dim_room": [6, 6], "search_depth": 100, "progress_reward": 0.1})
+    plain = make_env("sokoban", {"dim_room": [6, 6], "search_depth": 100})
+    for seed in range(5):
+        env.reset(seed)
+        plain.reset(seed)
+        plan = sokoban.solve(env)
+        shaped = [env.step(move)[1] for move in plan]
+        base = [plain.step(move)[1] for move in plan]
+        # each move of a shortest solution shortens what is left by one
+        assert shaped == pytest.approx([b + 0.1 for b in base])

@@ -1,13 +1,16 @@
 """The built-in tiny agent (``builtin:tiny-agent``, made by tools/make_tiny_agent.py) loads
 offline, its tokenizer round-trips the environments' text, and played greedily through the
 trajectory env manager with the settings in its ``agent_envs.json`` it answers in format,
-plays well greedily and much worse sampled: the start the AGENTIC presets need."""
+plays its taught tasks well, greedily and sampled, and the presets' permuted action words
+not at all: the presets teach it something new."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -17,7 +20,8 @@ from siirl.engine.models import loader  # noqa: E402
 from siirl.environment.agentic.trajectory import TrajectoryEnvManager  # noqa: E402
 from siirl.environment.registry import make_env  # noqa: E402
 
-# held-out seeds (the build trains on seeds from 1,000,000 on): the first 48 of the 100 the
+ROOT = Path(__file__).resolve().parents[3]
+# held-out seeds (the build trains on seeds from 1,000,000 on): the first 48 of the 200 the
 # model card's table is measured on
 SEEDS = range(48)
 
@@ -43,7 +47,8 @@ def trained_with():
 
 
 def _env(entry):
-    env = make_env(entry["env_type"], entry["env_config"])
+    settings = {k: v for k, v in entry["env_config"].items() if k != "progress_reward"}
+    env = make_env(entry["env_type"], settings)
     env.instructions = entry["env_instruction"]
     return env
 
@@ -96,11 +101,13 @@ def _policy(model, tok, max_new, sample: bool):
     return policy
 
 
-def _play(model, tok, limits, tag, entry, sample: bool) -> float:
+def _play(model, tok, limits, tag, entry, sample: bool, words=None) -> float:
     torch.manual_seed(0)
     manager = TrajectoryEnvManager(tok, limits["max_actions_per_traj"],
                                    limits["max_episode_tokens"])
     episodes = [manager.start(_env(entry), seed, group=str(seed), tag=tag) for seed in SEEDS]
+    for episode in episodes:
+        episode.action_words = words
     manager.run(episodes, _policy(model, tok, limits["max_tokens_per_step"], sample))
     format_errors = sum(e.format_errors for e in episodes) / sum(e.turns for e in episodes)
     assert not manager.errors, manager.errors
@@ -109,13 +116,26 @@ def _play(model, tok, limits, tag, entry, sample: bool) -> float:
     return sum(e.success for e in episodes) / len(episodes)
 
 
-def test_it_reads_the_grid_but_samples_unsurely(agent, trained_with, one_thread):
-    """Greedy play shows what the warm-up taught; sampled play (what GRPO starts from) is
-    far below it: the room the presets' training closes."""
+def test_it_plays_what_it_was_taught(agent, trained_with, one_thread):
+    """Greedy and sampled play on its taught tasks, as the warm-up left it (the card's
+    numbers are on 200 seeds; these are the first 48)."""
     model, tok = agent
     limits = trained_with["env_manager"]
     for tag, entry in trained_with["custom_envs"].items():
         greedy = _play(model, tok, limits, tag, entry, sample=False)
         sampled = _play(model, tok, limits, tag, entry, sample=True)
-        assert greedy >= 0.25 and sampled <= 0.4, (tag, greedy, sampled)
-        assert greedy - sampled >= 0.15, (tag, greedy, sampled)
+        assert greedy >= 0.5 and sampled >= 0.4, (tag, greedy, sampled)
+
+
+def test_the_presets_permuted_words_are_a_task_it_was_not_taught(agent, trained_with,
+                                                               one_thread):
+    """The AGENTIC presets permute the action words: greedy play starts near zero there."""
+    model, tok = agent
+    limits = trained_with["env_manager"]
+    for preset in ("agentic_frozenlake.yaml", "agentic_sokoban.yaml"):
+        config = yaml.safe_load((ROOT / "configs" / preset).read_text())
+        for tag, entry in config["custom_envs"].items():
+            assert entry.get("action_words"), (preset, tag)
+            said = {k.lower(): v for k, v in entry["action_words"].items()}
+            permuted = _play(model, tok, limits, tag, entry, sample=False, words=said)
+            assert permuted <= 0.1, (preset, tag, permuted)

@@ -8,7 +8,9 @@ goes. Replaying the pulls as pushes solves it, so every puzzle has a solution.
 Grid symbols: ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``*`` box on a target, ``P``
 player, ``S`` player on a target. Actions: Up, Down, Left, Right. Rewards (as ROLL's
 Sokoban): -0.1 per step, +1 for a box pushed onto a target, -1 for one pushed off, +10 when
-every box is on a target (the episode then ends).
+every box is on a target (the episode then ends). ``progress_reward: c`` adds ``c`` for each
+move that shortens the shortest solution left and takes ``c`` off for each that lengthens
+it (none once the puzzle can no longer be solved): shaping that scores every move.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class Sokoban(TextEnv):
         "with one action inside <answer></answer>, e.g. <answer>Left</answer>.")
 
     def __init__(self, dim_room: Sequence[int] = (6, 6), num_boxes: int = 1,
-                 search_depth: int = 30, max_steps: Optional[int] = None):
+                 search_depth: int = 30, max_steps: Optional[int] = None,
+                 progress_reward: float = 0.0):
         height, width = (int(v) for v in dim_room)
         if height < 4 or width < 4:
             raise ConfigError(f"sokoban: dim_room={list(dim_room)} must be at least [4, 4] "
@@ -47,6 +50,7 @@ class Sokoban(TextEnv):
                               f"of the {(height - 2) * (width - 2)} inner cells")
         self.height, self.width, self.num_boxes = height, width, int(num_boxes)
         self.search_depth, self.max_steps = int(search_depth), max_steps
+        self.progress_reward = float(progress_reward)
         self.walls: FrozenSet[Cell] = frozenset()
         self.targets: FrozenSet[Cell] = frozenset()
         self.boxes: set = set()
@@ -100,9 +104,14 @@ class Sokoban(TextEnv):
     def solved(self) -> bool:
         return self.boxes == set(self.targets)
 
+    def _solution_left(self) -> Optional[int]:
+        plan = solve(self)
+        return len(plan) if plan is not None else None
+
     def step(self, action: str) -> StepResult:
         move = MOVES.get(str(action).strip().lower())
         was_solved = self.solved()
+        before = self._solution_left() if self.progress_reward else None
         self.steps += 1
         reward, valid = STEP_REWARD, move is not None
         if move is not None:
@@ -120,6 +129,9 @@ class Sokoban(TextEnv):
         success = self.solved()
         if success and not was_solved:
             reward += SOLVED
+        if before is not None:
+            after = self._solution_left()
+            reward += self.progress_reward * (before - after) if after is not None else 0.0
         done = success or (self.max_steps is not None and self.steps >= self.max_steps)
         return self.render(), reward, done, {"success": success, "action_is_valid": valid}
 
