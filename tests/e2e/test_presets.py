@@ -25,6 +25,15 @@ SHORT = ["trainer.total_training_steps=2", "trainer.logger=[]",
          "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"]
 
 
+# presets a dedicated test already runs as shipped (CI time): preset -> that test
+RUN_ELSEWHERE = {
+    "agentic_frozenlake.yaml": "tests/e2e/learning_controls/test_agentic_controls.py",
+    "embodied_grpo.yaml": "tests/e2e/test_embodied_grpo.py",
+    "embodied_srpo.yaml": "tests/e2e/test_embodied_grpo.py",
+    "grpo_smollm2.yaml": "tests/e2e/test_grpo_smollm2.py",
+}
+
+
 def needs_vllm(preset: Path) -> bool:
     rollout = (yaml.safe_load(preset.read_text()).get("actor_rollout_ref") or {}).get("rollout")
     return (rollout or {}).get("name") == "vllm"
@@ -32,6 +41,9 @@ def needs_vllm(preset: Path) -> bool:
 
 def preset_param(preset: Path):
     """vLLM presets run where vLLM is installed (the vllm-marked CI step), else skip."""
+    if preset.name in RUN_ELSEWHERE:
+        return pytest.param(preset, marks=pytest.mark.skip(
+            reason=f"{RUN_ELSEWHERE[preset.name]} runs it as shipped"))
     if not needs_vllm(preset):
         return preset
     missing = importlib.util.find_spec("vllm") is None
@@ -92,3 +104,10 @@ def test_workflow_files_load():
     assert workflows
     for path in workflows:
         assert load_workflow(path).nodes, path
+
+
+def test_presets_run_elsewhere_are_run_there():
+    root = CONFIGS.parent
+    for preset, test in RUN_ELSEWHERE.items():
+        assert (CONFIGS / preset).is_file(), preset
+        assert preset in (root / test).read_text(), (preset, test)
