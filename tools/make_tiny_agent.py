@@ -1,7 +1,7 @@
 """Build siiRL's built-in tiny agent model (``siirl/engine/assets/tiny_agent``,
 ``builtin:tiny-agent``): one tiny Llama that plays FrozenLake and Sokoban, badly.
 
-    python tools/make_tiny_agent.py          # build, warm up, save (~35 min on a CPU)
+    python tools/make_tiny_agent.py          # build, warm up, save (~40 min on one CPU core)
     python tools/tiny_agent_rl_check.py      # then a short GRPO-like check on the result
 
 It is the starting model of the AGENTIC presets (``configs/agentic_*.yaml``) as it comes out
