@@ -80,7 +80,7 @@ _AGENTIC = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             "critic.ppo_micro_batch_size_per_gpu=8",
-            "custom_envs.FrozenLake.env_config.size=3"]  # 3x3 lakes: the tiny agent wins some
+            "custom_envs.FrozenLake.env_config.size=3"]
 _EMBODIED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
              "actor_rollout_ref.actor.ppo_mini_batch_size=2",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
@@ -88,7 +88,11 @@ _EMBODIED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
 WORKFLOWS = {
     # FrozenLake episodes, scores standardized over the whole batch (every worker's rows)
     "agentic_grpo": ("agentic_frozenlake.yaml", [
-        *_AGENTIC, "env_manager.reward_normalization.grouping=batch",
+        # one move per episode, sampled hot and scored by its progress (the preset's
+        # shaping): the scores differ, and both workers' episodes end on the same turn
+        *_AGENTIC, "env_manager.max_actions_per_traj=1",
+        "actor_rollout_ref.rollout.temperature=3.0",
+        "env_manager.reward_normalization.grouping=batch",
         "env_manager.reward_normalization.method=mean_std"]),
     # PPO with a critic on each turn (step rows: as many as the episodes took turns, padded
     # to the same count on every worker; one mini-batch of them all, as for episode rows)
@@ -97,7 +101,10 @@ WORKFLOWS = {
     # SRPO on one task: each worker plays one group of it, so a failure's progress reward
     # depends on the other worker's successes
     "embodied_srpo": ("embodied_srpo.yaml", [
-        *_EMBODIED, "actor_rollout_ref.embodied.env.env_name=reach_red"]),
+        *_EMBODIED, "actor_rollout_ref.embodied.env.env_name=reach_red",
+        # the axes the tiny VLA was taught, sampled hot: some episodes fail from step 1
+        "actor_rollout_ref.embodied.env.action_signs=[]",
+        "actor_rollout_ref.rollout.temperature=2.0"]),
     # GRPO on the preset's four tasks, groups filtered by success rate
     "embodied_grpo": ("embodied_grpo.yaml", [*_EMBODIED, "data.train_batch_size=4",
                                              "actor_rollout_ref.actor.ppo_mini_batch_size=4"]),

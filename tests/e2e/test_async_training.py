@@ -150,8 +150,12 @@ def test_agentic_frozenlake_streams_episodes_and_filters_groups_without_variance
     root = HERE.parents[1]
     train(tmp_path, "--config", str(root / "configs/agentic_frozenlake.yaml"), *ASYNC,
           "async_training.staleness_threshold=1", "algorithm.filter_groups.enable=true",
-          # success only (no progress reward): groups whose episodes all fail are common
+          # the words the tiny agent was taught, scored by success alone: groups whose
+          # episodes all succeed are common, and some differ
+          "custom_envs.FrozenLake.action_words=null",
           "custom_envs.FrozenLake.env_config.progress_reward=0",
+          # slow enough that the policy keeps playing them (the test is about the stream)
+          "actor_rollout_ref.actor.optim.lr=1e-4",
           "trainer.total_training_steps=10", "trainer.test_freq=-1",
           "trainer.val_before_train=false", "data.train_batch_size=8",
           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4")

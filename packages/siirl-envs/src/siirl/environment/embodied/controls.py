@@ -39,5 +39,4 @@ def action_map(order: Sequence[int], signs: Sequence[float], action_dim: int
 def env_action_map(config: Any, action_dim: int
                    ) -> Optional[Callable[[np.ndarray], np.ndarray]]:
     env = config.actor_rollout_ref.embodied.env
-    return action_map(getattr(env, "action_order", None) or (),
-                      getattr(env, "action_signs", None) or (), action_dim)
+    return action_map(env.action_order or (), env.action_signs or (), action_dim)
