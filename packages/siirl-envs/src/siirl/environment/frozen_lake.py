@@ -52,6 +52,7 @@ class FrozenLake(TextEnv):
                               "slippery step does not go where it was sent)")
         self.size, self.p, self.is_slippery = int(size), float(p), bool(is_slippery)
         self.progress_reward = float(progress_reward)
+        self._left: Optional[int] = None
         self.max_steps = max_steps
         self._gym = None
         self.desc: List[str] = []
@@ -65,6 +66,7 @@ class FrozenLake(TextEnv):
                                    is_slippery=self.is_slippery)
         self._gym.reset(seed=seed)
         self.steps = 0
+        self._left: Optional[int] = None  # the cached _path_left()
         return self.render()
 
     @property
@@ -82,6 +84,7 @@ class FrozenLake(TextEnv):
             return self.render(), 0.0, done, {"success": False, "action_is_valid": False}
         before = self._path_left() if self.progress_reward else None
         _, reward, terminated, truncated, _ = self._gym.step(code)
+        self._left = None  # the position moved
         success = reward > 0
         if before is not None and not (terminated and not success):
             reward += self.progress_reward * (before - self._path_left())
@@ -91,9 +94,12 @@ class FrozenLake(TextEnv):
                                                     "action_is_valid": True}
 
     def _path_left(self) -> int:
-        """Moves on the shortest safe path from here to the goal (0 on it)."""
-        path = solve(self)
-        return len(path) if path is not None else 0
+        """Moves on the shortest safe path from here to the goal (0 on it); searched once
+        per position, as the last step's result is the next step's start."""
+        if self._left is None:
+            path = solve(self)
+            self._left = len(path) if path is not None else 0
+        return self._left
 
     def render(self) -> str:
         if self._gym is None:

@@ -25,6 +25,7 @@ from siirl.errors import ConfigError
 Cell = Tuple[int, int]
 MOVES: Dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 STEP_REWARD, BOX_ON, BOX_OFF, SOLVED = -0.1, 1.0, -1.0, 10.0
+_UNKNOWN = object()  # a solution length not searched for yet
 
 
 def _add(a: Cell, b: Cell) -> Cell:
@@ -51,6 +52,7 @@ class Sokoban(TextEnv):
         self.height, self.width, self.num_boxes = height, width, int(num_boxes)
         self.search_depth, self.max_steps = int(search_depth), max_steps
         self.progress_reward = float(progress_reward)
+        self._left: object = _UNKNOWN  # the cached _solution_left()
         self.walls: FrozenSet[Cell] = frozenset()
         self.targets: FrozenSet[Cell] = frozenset()
         self.boxes: set = set()
@@ -99,14 +101,19 @@ class Sokoban(TextEnv):
     def reset(self, seed: Optional[int] = None) -> str:
         self._generate(random.Random(seed))
         self.steps = 0
+        self._left = _UNKNOWN
         return self.render()
 
     def solved(self) -> bool:
         return self.boxes == set(self.targets)
 
     def _solution_left(self) -> Optional[int]:
-        plan = solve(self)
-        return len(plan) if plan is not None else None
+        """Moves of the shortest solution from here (None: unsolvable); the search runs once
+        per state, as the last step's result is the next step's start."""
+        if self._left is _UNKNOWN:
+            plan = solve(self)
+            self._left = len(plan) if plan is not None else None
+        return self._left
 
     def step(self, action: str) -> StepResult:
         move = MOVES.get(str(action).strip().lower())
@@ -129,6 +136,7 @@ class Sokoban(TextEnv):
         success = self.solved()
         if success and not was_solved:
             reward += SOLVED
+        self._left = _UNKNOWN  # the state moved
         if before is not None:
             after = self._solution_left()
             reward += self.progress_reward * (before - after) if after is not None else 0.0
