@@ -80,3 +80,24 @@ def test_a_queue_whose_senders_ended_says_so_instead_of_waiting():
     queue.close_one()
     with pytest.raises(RuntimeError, match="ended before"):
         queue.take(1, version=0, max_lag=0, senders=1)
+
+
+def test_a_restored_group_dropped_as_stale_is_generated_again_by_one_rollout_worker():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from siirl.dag_worker.async_training.rollout_side import AsyncRollout, adopted
+
+    queued = [40, 41, 42, 43]  # in a trainer's queue at the checkpoint
+    assert sorted(adopted(queued, 0, 2) + adopted(queued, 1, 2)) == queued  # one owner each
+    again = []
+    for place in (0, 1):
+        config = SimpleNamespace(algorithm=SimpleNamespace(
+            filter_groups=SimpleNamespace(enable=False)))
+        groups = SimpleNamespace(rollouts=[5, 6], rank=5 + place)
+        rollout = AsyncRollout(SimpleNamespace(config=config), groups, _shape())
+        rollout.feed = SimpleNamespace(again=deque())
+        rollout.outstanding.update(adopted(queued, place, 2))
+        rollout._apply({"version": 5, "trained": [40], "dropped": [41, 42]}, [])
+        again += list(rollout.feed.again)
+    assert sorted(again) == [41, 42]  # generated again, each once; 43 still outstanding

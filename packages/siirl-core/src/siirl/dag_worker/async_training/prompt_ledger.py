@@ -1,5 +1,5 @@
-"""Which prompts of the run are done, so that a resumed asynchronous run trains every
-prompt exactly once.
+"""Which prompts of the run are done, so that a resumed asynchronous run trains no prompt
+twice and loses none.
 
 Prompts are named by their ``sample_id`` (``epoch * len(dataset) + position``: unique over
 the run). A prompt is *done* once a trainer trained it or holds it in its buffer (saved

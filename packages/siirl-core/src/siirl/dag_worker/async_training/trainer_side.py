@@ -8,7 +8,7 @@ A step takes its share of prompt groups from the queue (waiting for the rollout:
 are generated again: ``async/stale_dropped``), trains on the rest and logs the policy
 lag of what it trained (``async/policy_lag/mean|max``). ``timing_s/step`` is the wall
 time between two consecutive steps' ends. Checkpoints also hold the queued groups and
-which prompts are done, so a resumed run trains every prompt exactly once.
+which prompts are done, so a resumed run trains no prompt twice and loses none.
 """
 
 from __future__ import annotations
@@ -144,10 +144,12 @@ class AsyncTrainer(Trainer):
                  "validate": validate, "stop": stop}
         if first:  # a resumed run: the prompts trained or waiting in a queue are done
             done = self.ledger
-            for part in comm.all_gather(self.queue.sample_ids()):
-                done = done.union(PromptLedger((i, i + 1) for i in part))
+            queued = [i for part in comm.all_gather(self.queue.sample_ids()) for i in part]
+            done = done.union(PromptLedger((i, i + 1) for i in queued))
             done = PromptLedger(r for part in comm.all_gather(done.state()) for r in part)
-            notes["done"] = done.state()
+            # the restored groups: a rollout worker takes them as its own, so one dropped
+            # as stale is generated again, like one it generated itself
+            notes["done"], notes["queued"] = done.state(), sorted(queued)
         buckets = self.worker.engines.get("actor").export_weights(bucket_bytes_of(self.config))
         weights = self.groups.weights
         self._sender.join()  # the previous sync's broadcast (syncs go out in order)
