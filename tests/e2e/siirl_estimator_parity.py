@@ -88,10 +88,11 @@ _EMBODIED = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
 WORKFLOWS = {
     # FrozenLake episodes, scores standardized over the whole batch (every worker's rows)
     "agentic_grpo": ("agentic_frozenlake.yaml", [
-        # one move per episode, sampled hot and scored by its progress (the preset's
-        # shaping): the scores differ, and both workers' episodes end on the same turn
-        *_AGENTIC, "env_manager.max_actions_per_traj=1",
-        "actor_rollout_ref.rollout.temperature=3.0",
+        # the words the tiny agent was taught, on the 4x4 map: some episodes fail, so the
+        # scores differ, and one worker's episodes end a turn before the other's (it keeps
+        # its FSDP-gathering rollout calls paired with an idle one; without, gloo failed)
+        *_AGENTIC, "custom_envs.FrozenLake.env_config.size=4",
+        "custom_envs.FrozenLake.action_words=null",
         "env_manager.reward_normalization.grouping=batch",
         "env_manager.reward_normalization.method=mean_std"]),
     # PPO with a critic on each turn (step rows: as many as the episodes took turns, padded

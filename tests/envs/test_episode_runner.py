@@ -188,3 +188,46 @@ def test_the_pool_contains_errors_and_restarts_a_process_past_its_deadline():
 def test_episode_keys_are_distinct_per_sample():
     keys = {episode_key(sample, 4, k) for sample in range(5) for k in range(4)}
     assert len(keys) == 20
+
+
+def test_scheduled_workers_keep_in_step_until_none_has_an_episode_left():
+    """Two workers (threads) whose episodes end on different turns: each makes a policy
+    call, or an idle one, on every turn either plays, so collective rollout calls pair."""
+    import threading
+
+    barrier = threading.Barrier(2)
+    states = [None, None]
+
+    def gather(rank):
+        def peers(state):
+            states[rank] = state
+            barrier.wait()
+            seen = list(states)
+            barrier.wait()  # all have read before the next turn writes
+            return seen
+        return peers
+
+    calls = {0: [], 1: []}
+
+    def worker(rank, lengths):
+        def act(live, slots, turn):
+            calls[rank].append("play")
+            for e in live:
+                e.played += 1
+                e.done = e.played >= e.turns
+
+        EpisodeRunner(max_in_flight=1).run(
+            len(lengths), lambda idx, slots: [Slot(i, lengths[i]) for i in idx], act,
+            idle=lambda _: calls[rank].append("idle"), peers=gather(rank))
+
+    threads = [threading.Thread(target=worker, args=(0, [1, 1])),
+               threading.Thread(target=worker, args=(1, [3, 2]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert calls[1] == ["play"] * 5
+    assert calls[0] == ["play"] * 2 + ["idle"] * 3  # as many calls as its peer
+    with pytest.raises(ValueError, match="both"):
+        EpisodeRunner().run(1, lambda idx, slots: [Slot(0, 1)], lambda *a: None,
+                            peers=lambda s: [s])

@@ -14,7 +14,10 @@ Two ways to fill the slots:
 * ``waves=False`` (ROLL's rollout scheduler): at most ``max_in_flight`` episodes at once
   (0: all); a new episode starts as soon as one ends, so at most that many environments
   exist; ``finished(episode)`` is called as each ends (and for those still in play when a
-  turn raises). Each episode ends by itself (its own turn limit sets ``done``).
+  turn raises). Each episode ends by itself (its own turn limit sets ``done``). With
+  ``peers`` (an all-gather over the workers whose rollout calls must pair up: FSDP-sharded
+  weights are gathered once per call) the workers go turn for turn until none has an
+  episode left, and one with nothing to play that turn calls ``idle([])`` instead.
 * ``waves=True`` (a vector of ``max_in_flight`` environments): episodes start a wave at a
   time into slots ``0..wave-1``; a wave plays ``max_turns`` turns (or until all ended), and
   ``idle(wave)`` is called for each turn left once all have ended (workers whose rollout
@@ -51,7 +54,8 @@ class EpisodeRunner:
             step: Optional[Callable[[List[Any], List[Any], List[int]], List[Any]]] = None,
             observe: Optional[Callable[[Any, Any], None]] = None,
             finished: Optional[Callable[[Any], None]] = None,
-            idle: Optional[Callable[[List[Any]], None]] = None) -> List[Any]:
+            idle: Optional[Callable[[List[Any]], None]] = None,
+            peers: Optional[Callable[[Any], List[Any]]] = None) -> List[Any]:
         """Play ``count`` episodes; they are returned in index order.
 
         ``step(episodes, actions, slots)`` runs the actions ``act`` returned, one result
@@ -60,21 +64,32 @@ class EpisodeRunner:
         play = _Turn(act, step, observe)
         if self.waves:
             return self._waves(count, start, play, finished, idle)
-        return self._scheduled(count, start, play, finished)
+        if (peers is None) != (idle is None) and not self.waves:
+            raise ValueError("scheduled episodes keep in step with peers only given both "
+                             "peers and idle")
+        return self._scheduled(count, start, play, finished, idle, peers)
 
     def _scheduled(self, count: int, start: Start, play: _Turn,
-                   finished: Optional[Callable[[Any], None]]) -> List[Any]:
+                   finished: Optional[Callable[[Any], None]],
+                   idle: Optional[Callable[[List[Any]], None]] = None,
+                   peers: Optional[Callable[[Any], List[Any]]] = None) -> List[Any]:
         pending = list(range(count))
         free = list(range(self.max_in_flight or count))  # environment slots not in use
         ended: dict = {}
         active: List[tuple] = []  # (index, slot, episode), in start order
         turn = 0
         try:
-            while pending or active:
+            while pending or active or peers is not None:
                 while pending and (self.max_in_flight <= 0 or len(active) < self.max_in_flight):
                     index, slot = pending.pop(0), free.pop(0)
                     active.append((index, slot, start([index], [slot])[0]))
                 live = [(slot, e) for _, slot, e in active if not e.done]
+                if peers is not None:  # one gather a turn: (playing now, anything left)
+                    states = peers((bool(live), bool(pending or active)))
+                    if not any(left for _, left in states):
+                        break
+                    if not live and any(playing for playing, _ in states):
+                        idle([])  # a peer plays this turn: pair its rollout call
                 if live:
                     play([e for _, e in live], [slot for slot, _ in live], turn)
                     turn += 1

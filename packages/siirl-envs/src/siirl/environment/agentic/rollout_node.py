@@ -298,7 +298,9 @@ def agentic_rollout(batch: Any, config: Any = None, worker: Any = None,
                 episode.final_render = None
         episode.env.close()
 
-    episodes = manager.run_scheduled(starts, policy, in_flight, finished)
+    comm = getattr(worker, "comm", None)  # FSDP-sharded rollout calls pair up over workers
+    peers = comm.all_gather if comm is not None and comm.active else None
+    episodes = manager.run_scheduled(starts, policy, in_flight, finished, peers)
     for episode in episodes:
         if episode.tag in coin_tags:
             controls.coin_flip(episode, run_seed, step)

@@ -135,12 +135,15 @@ class TrajectoryEnvManager:
 
     def run_scheduled(self, starts: Sequence[Callable[[], Episode]], policy: Policy,
                       max_in_flight: int = 0,
-                      finished: Optional[Callable[[Episode], None]] = None) -> List[Episode]:
+                      finished: Optional[Callable[[Episode], None]] = None,
+                      peers: Optional[Callable[[Any], List[Any]]] = None) -> List[Episode]:
         """ROLL's rollout scheduler on the shared episode runner: start the episodes
         (``starts[i]()`` makes and resets the environment) as room frees up, at most
         ``max_in_flight`` at once (0: all), so at most that many environments exist;
         ``finished(episode)`` is called as each ends. Returns the episodes in the order of
-        ``starts``."""
+        ``starts``. With ``peers`` (the workers' all-gather) every worker calls the policy
+        on each turn any of them plays, on a one-token prompt once its own episodes have
+        ended, so rollout calls that are collective pair up."""
         from siirl.environment.agentic.env_workers import step_many
         from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
@@ -160,7 +163,13 @@ class TrajectoryEnvManager:
             len(starts), lambda indices, _slots: [starts[i]() for i in indices], act,
             step=lambda episodes, actions, _slots: step_many([e.env for e in episodes],
                                                              actions),
-            observe=self._stepped, finished=finished)
+            observe=self._stepped, finished=finished, peers=peers,
+            idle=None if peers is None else lambda _: self._idle_call(policy))
+
+    def _idle_call(self, policy: Policy) -> None:
+        token = self.tokenizer.pad_token_id
+        token = self.tokenizer.eos_token_id if token is None else token
+        policy([[int(token)]], [0]) if getattr(policy, "keyed", False) else policy([[token]])
 
     def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
         """Record the agent's reply; its action, or None after a format error (answered

@@ -67,9 +67,13 @@ class ToolLoop:
     def room(self, conversation: Conversation) -> int:
         return self.budget - len(conversation.response_ids)
 
-    def run(self, conversations: Sequence[Conversation], policy: Policy) -> None:
+    def run(self, conversations: Sequence[Conversation], policy: Policy,
+            peers: Optional[Callable[[Any], List[Any]]] = None,
+            idle: Optional[Callable[[], None]] = None) -> None:
         """Play every conversation to its end on the shared episode runner: one policy call
-        per turn for all active ones, then all their tool calls together."""
+        per turn for all active ones, then all their tool calls together. With ``peers``
+        (the workers' all-gather) a worker whose conversations have ended calls ``idle()``
+        on each turn another still plays, so collective rollout calls pair up."""
         from siirl.execution.rollout_flow.episode_runner import EpisodeRunner
 
         def start(indices: List[int], _slots: List[int]) -> List[Conversation]:
@@ -101,7 +105,8 @@ class ToolLoop:
             conversation.tool_errors += sum(t.startswith("error:") for t in texts)
             self._tool_turn(conversation, calls, texts)
 
-        EpisodeRunner().run(len(conversations), start, act, step=call_tools, observe=observe)
+        EpisodeRunner().run(len(conversations), start, act, step=call_tools, observe=observe,
+                            peers=peers, idle=None if idle is None else lambda _: idle())
 
     def _reply(self, conversation: Conversation, reply: List[int]) -> List[ToolCall]:
         """Record the reply; the tool calls to run for it (none: the turn ends here)."""

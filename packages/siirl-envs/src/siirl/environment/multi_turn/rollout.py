@@ -152,8 +152,14 @@ class MultiTurnRollout:
             policy.reply_tokens = max_tokens
             return policy(prompts, [noise[i] for i, c in enumerate(conversations) if not c.done])
 
+        def idle() -> None:  # a peer still plays: pair its (collective) rollout call
+            policy.reply_tokens = 1
+            policy([[pad_id]], [0])
+
+        comm = getattr(self.worker, "comm", None)
+        peers = comm.all_gather if comm is not None and comm.active else None
         try:
-            loop.run(conversations, play)
+            loop.run(conversations, play, peers, idle if peers is not None else None)
         finally:
             for conversation in conversations:
                 if conversation.interaction is not None:
