@@ -64,7 +64,7 @@ class EpisodeRunner:
         play = _Turn(act, step, observe)
         if self.waves:
             return self._waves(count, start, play, finished, idle)
-        if (peers is None) != (idle is None) and not self.waves:
+        if (peers is None) != (idle is None):
             raise ValueError("scheduled episodes keep in step with peers only given both "
                              "peers and idle")
         return self._scheduled(count, start, play, finished, idle, peers)

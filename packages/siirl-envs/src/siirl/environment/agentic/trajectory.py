@@ -168,8 +168,11 @@ class TrajectoryEnvManager:
 
     def _idle_call(self, policy: Policy) -> None:
         token = self.tokenizer.pad_token_id
-        token = self.tokenizer.eos_token_id if token is None else token
-        policy([[int(token)]], [0]) if getattr(policy, "keyed", False) else policy([[token]])
+        prompt = [[int(self.tokenizer.eos_token_id if token is None else token)]]
+        if getattr(policy, "keyed", False):
+            policy(prompt, [0])
+        else:
+            policy(prompt)
 
     def _reply(self, episode: Episode, reply: List[int]) -> Optional[str]:
         """Record the agent's reply; its action, or None after a format error (answered
