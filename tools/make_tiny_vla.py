@@ -7,8 +7,8 @@
 It is made for the EMBODIED presets: behaviour cloning runs its whole schedule (no early
 stop, no softening after it), and the model card states what it then scores, greedy and
 sampled. It reaches almost always; pushing a block past a line (the expert goes round the
-block and shoves it) it imitates well enough to succeed now and then when sampled, which is
-what the push preset's GRPO starts from.
+block and shoves it) it imitates well enough to succeed now and then when sampled (RL on
+the push tasks has not improved that yet: docs/embodied.md).
 
 * Steps are the real ones: per chunk step the prompt is the instruction's ids, 16 image
   placeholders and one proprio placeholder (``vla_inputs.vla_prompt_ids``), left-padded, and

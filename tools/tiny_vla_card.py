@@ -44,8 +44,8 @@ def card_text(info: dict, prompts: dict, tok) -> str:
 
 `builtin:tiny-vla`: a tiny vision-language-action model ({info["params"]:,} parameters,
 float32) that plays the built-in `reach` tasks (Reach2D: reach a coloured block, or push
-one past a line): it reaches almost always and pushes rarely, which the embodied push
-preset's GRPO improves. It is not useful for anything else.
+one past a line): it reaches almost always and pushes rarely (RL has not yet taught it to
+push: `docs/embodied.md`). It is not useful for anything else.
 
 * Model (`TinyVLAForActionPrediction`, `model_type` `siirl_tiny_vla`, in
   `siirl/engine/models/tiny_vla.py`; `import siirl.engine.models.loader` registers it with

@@ -14,6 +14,7 @@ from siirl.environment.embodied import (
     expert_chunk,
     make_embodied_env,
 )
+from siirl.environment.embodied.tasks.reach2d import CONTACT, potential
 from siirl.errors import ConfigError
 
 
@@ -82,6 +83,49 @@ def test_expert_solves_every_task(env, k, noise):
             wins += info["success"]
             assert total == float(info["success"])  # sparse: 1.0 once, on success
         assert wins == 20, task_id
+
+
+def _returns(env, task_id, policy, seeds=range(10)):
+    """Per seed: (the episode's rewards summed, success, the start and end potentials)."""
+    out = []
+    for seed in seeds:
+        env.reset(task_id, seed)
+        start = potential(env.state, env.task)
+        done, total = False, 0.0
+        while not done:
+            _, reward, done, info = env.step(policy(env)[None])
+            total += reward
+        out.append((total, info["success"], start, potential(env.state, env.task)))
+    return out
+
+
+@pytest.mark.parametrize("task_id", ["reach_blue", "push_yellow_down", "push_red_left"])
+def test_shaped_rewards_sum_to_success_plus_the_potential_gained(task_id):
+    shaped = Reach2D(image_size=16, max_steps=30, reward_shaping=True)
+    rng = np.random.default_rng(1)
+    wander = _returns(shaped, task_id, lambda e: rng.uniform(-1, 1, 2).astype(np.float32))
+    expert = _returns(shaped, task_id, expert_action)
+    for total, success, start, end in wander + expert:
+        assert start <= 0.0 and end <= 0.0
+        assert total == pytest.approx(float(success) + end - start, abs=1e-9)
+    assert all(success for _, success, _, _ in expert)
+    # the expert ends at its goal (potential 0, give or take contact), wandering does not
+    assert max(-end for _, _, _, end in expert) < 0.1
+    assert np.mean([t for t, *_ in expert]) > np.mean([t for t, *_ in wander]) + 1.0
+    # the same episodes without shaping pay success alone
+    plain = _returns(Reach2D(image_size=16, max_steps=30), task_id, expert_action)
+    assert [t for t, *_ in plain] == [1.0] * len(plain)
+
+
+def test_a_push_from_the_wrong_side_earns_less_than_staying_put():
+    env = Reach2D(image_size=16, max_steps=8, reward_shaping=True)
+    env.reset("push_yellow_down", 3)
+    block = env.state.blocks[env.task.target].copy()
+    env.state.gripper = block + np.array([0.0, -(CONTACT + 0.005)])  # below it: pushes it up
+    start = potential(env.state, env.task)
+    _, reward, _, _ = env.step(np.array([[0.0, 1.0]] * 4, np.float32))
+    assert env.state.blocks[env.task.target][1] > block[1] and reward < 0.0
+    assert reward == pytest.approx(potential(env.state, env.task) - start)
 
 
 def test_episode_ends_at_max_steps():

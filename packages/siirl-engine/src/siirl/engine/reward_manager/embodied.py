@@ -14,7 +14,10 @@ the workers in the step's metrics).
 pays every episode 0 or 1 by a fair coin instead, whatever it did (failed, succeeded or
 ran out of steps; no progress reward), seeded by ``trainer.seed``, the step, the group and
 the episode's place in it: a policy trained on it has nothing to learn, so its validation
-(which still measures success) should only drift.
+(which still measures success) should only drift. ``reward=env`` pays each episode the
+environment's own rewards summed (``env_scores``): a dense reward where the environment
+shapes one (the built-in ``reach`` task's and robosuite's ``reward_shaping``), otherwise
+its sparse success reward.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from siirl.dag_worker.data_structures import NodeOutput
 from siirl.data_coordinator.fields import (
     COMPLETE,
+    ENV_SCORES,
     RESPONSE_MASK,
     TASK_ID,
     TOKEN_LEVEL_REWARDS,
@@ -42,7 +46,7 @@ from siirl.engine.reward_score.embodied import progress_rewards
 from siirl.errors import ConfigError, DataError
 from siirl.execution.dag.node import NodeRole
 
-REWARDS = ("success", "coin_flip")
+REWARDS = ("success", "coin_flip", "env")
 
 
 class EmbodiedRewardManager:
@@ -58,7 +62,8 @@ class EmbodiedRewardManager:
         if self.reward not in REWARDS:
             raise ConfigError(f"reward_model.reward_kwargs.reward={self.reward!r}: the "
                               "embodied reward manager pays success (SRPO's progress for "
-                              "failures with video embeddings) or coin_flip (a fair coin "
+                              "failures with video embeddings), env (the environment's "
+                              "own rewards summed per episode) or coin_flip (a fair coin "
                               "per episode, a learning control)")
         self.seed = int(typed.trainer.seed or 0)
         self.worker = worker
@@ -97,6 +102,12 @@ class EmbodiedRewardManager:
         metrics = {"reward/success_rate": float(success.mean()) if len(success) else 0.0}
         if self.reward == "coin_flip":
             scores = self._coins(batch, len(success))
+        elif self.reward == "env":
+            if ENV_SCORES not in keys:
+                raise DataError("reward_model.reward_kwargs.reward=env pays the environment's "
+                                "rewards summed per episode ('env_scores'), which this "
+                                f"batch lacks: it has {sorted(keys)}")
+            scores = batch[ENV_SCORES].double().cpu().numpy()
         elif TRAJECTORY_EMBEDDING in keys:
             reduction = self._reduction()
             scores, distances = progress_rewards(

@@ -13,7 +13,8 @@ A row holds the whole episode (``episode_rows``): the prompt, the chunks' action
 by side as the response, and one observation per chunk (``pixel_values [T, H, W, 3]``,
 ``proprio [T, P]``, zeros past the end), which the actor's episode head
 (``siirl.engine.actor.embodied_actor``) reads back one chunk at a time. ``complete`` is the
-episode's success, ``task_id`` and ``data_source`` its task; with SRPO
+episode's success, ``env_scores`` the environment's rewards summed over it, ``task_id``
+and ``data_source`` its task; with SRPO
 (``actor_rollout_ref.embodied.video_embedding_model_path``) ``trajectory_embedding`` is its
 video's embedding. The reward node scores the rows (``reward_manager=embodied``); validation
 (``validate=True``) scores them here, greedy by default (``rollout.val_kwargs``), and writes
@@ -35,6 +36,7 @@ from siirl.data_coordinator.fields import (
     ATTENTION_MASK,
     COMPLETE,
     DATA_SOURCE,
+    ENV_SCORES,
     INPUT_IDS,
     PIXEL_VALUES,
     POSITION_IDS,
@@ -137,7 +139,8 @@ def episode_rows(episodes: Sequence[Episode], pad_id: int, chunks: int,
         INPUT_IDS: torch.cat([prompts, responses], dim=1), ATTENTION_MASK: attention,
         POSITION_IDS: (attention.cumsum(dim=1) - 1).clamp(min=0),
         PIXEL_VALUES: pixels, PROPRIO: proprio,
-        COMPLETE: torch.tensor([float(e.success) for e in episodes])})
+        COMPLETE: torch.tensor([float(e.success) for e in episodes]),
+        ENV_SCORES: torch.tensor([float(e.reward) for e in episodes], dtype=torch.float32)})
     protocol.set_non_tensor(batch, UID, [e.group for e in episodes])
     protocol.set_non_tensor(batch, TASK_ID, [e.task for e in episodes])
     protocol.set_non_tensor(batch, DATA_SOURCE, [e.task for e in episodes])

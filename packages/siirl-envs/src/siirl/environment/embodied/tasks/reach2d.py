@@ -5,7 +5,12 @@ A point gripper (dark disc) moves over a unit table by delta actions ``[dx, dy]`
 shoves any block it runs into (blocks do not collide with each other: a toy, not physics).
 Tasks: ``reach_<colour>`` (touch the block) and ``push_<colour>_<side>`` (shove the block
 past the line at 0.2 / 0.8 on that side; the goal strip is shaded in the image). The
-reward is sparse: 1.0 on the action that succeeds, which ends the episode.
+reward is sparse: 1.0 on the action that succeeds, which ends the episode. With
+``reward_shaping=True`` (as robosuite's option of that name) each action also earns the
+rise of a potential (:func:`potential`): minus the gripper's distance to its target
+(the block, or the point behind the block from which a push goes its way) and, on a push
+task, minus the block's distance to its goal line. An episode's rewards then sum to its
+success plus how much nearer the end state is than the start, so failures differ.
 
 Coordinates: x to the right, y up, both in [0, 1]; the image row 0 is the top (y = 1).
 Everything is numpy, so one core runs well over a thousand actions a second, and
@@ -117,11 +122,30 @@ def _succeeded(state: ReachState, task: _Task) -> bool:
     return float(block[axis]) <= GOAL_LINE
 
 
+def _behind(block: np.ndarray, task: _Task) -> np.ndarray:
+    """Where the gripper pushes ``block`` from, in contact on the side away from its goal."""
+    return block - task.direction * CONTACT
+
+
+def potential(state: ReachState, task: _Task) -> float:
+    """The shaping potential (0 at best, negative): minus the gripper's distance to where it
+    should be, and on a push task minus the block's distance to its goal line too."""
+    block = state.blocks[task.target]
+    if task.direction is None:
+        return -max(0.0, float(np.linalg.norm(state.gripper - block)) - CONTACT)
+    axis = int(np.argmax(np.abs(task.direction)))
+    line = 1.0 - GOAL_LINE if task.direction[axis] > 0 else GOAL_LINE
+    remaining = max(0.0, float((line - block[axis]) * task.direction[axis]))
+    return -float(np.linalg.norm(state.gripper - _behind(block, task))) - remaining
+
+
 def _advance(state: ReachState, task: _Task, action: np.ndarray, max_delta: float,
-             max_steps: int) -> float:
-    """One action (already in [-1, 1]) on ``state`` in place; the reward."""
+             max_steps: int, shaping: bool = False) -> float:
+    """One action (already in [-1, 1]) on ``state`` in place; the reward (with
+    ``shaping``, plus the potential's rise)."""
     if state.done:
         return 0.0
+    before = potential(state, task) if shaping else 0.0
     start = state.gripper.copy()
     gripper = np.clip(start + action * max_delta, GRIPPER_R, 1.0 - GRIPPER_R)
     offset = state.blocks - gripper
@@ -145,21 +169,23 @@ def _advance(state: ReachState, task: _Task, action: np.ndarray, max_delta: floa
     state.velocity = (gripper - start) / max_delta
     state.gripper = gripper
     state.steps += 1
+    shaped = potential(state, task) - before if shaping else 0.0
     if _succeeded(state, task):
         state.success = state.done = True
-        return 1.0
+        return 1.0 + shaped
     state.done = state.steps >= max_steps
-    return 0.0
+    return shaped
 
 
 class Reach2D(EmbodiedEnv):
     """The ``reach`` task family (see the module docstring). ``tasks`` narrows
-    ``task_ids`` (a curriculum or a held-out split)."""
+    ``task_ids`` (a curriculum or a held-out split); ``reward_shaping`` adds the
+    potential's rise to each action's reward."""
 
     action_dim = 2
 
     def __init__(self, image_size: int = 64, max_steps: int = 50, max_delta: float = 0.06,
-                 tasks: Optional[Sequence[str]] = None):
+                 tasks: Optional[Sequence[str]] = None, reward_shaping: bool = False):
         unknown = sorted(set(tasks or ()) - set(TASKS))
         if unknown:
             raise ValueError(f"reach has no task {', '.join(map(repr, unknown))}; it has: "
@@ -170,6 +196,7 @@ class Reach2D(EmbodiedEnv):
         self.image_size = int(image_size)
         self.max_steps = int(max_steps)
         self.max_delta = float(max_delta)
+        self.reward_shaping = bool(reward_shaping)
         self.task: Optional[_Task] = None
         self.state: Optional[ReachState] = None
         size = self.image_size
@@ -194,7 +221,7 @@ class Reach2D(EmbodiedEnv):
             if self.state.done:
                 break  # the rest of the chunk is dropped, as on a real robot at the goal
             reward += _advance(self.state, self.task, action.astype(np.float64),
-                               self.max_delta, self.max_steps)
+                               self.max_delta, self.max_steps, self.reward_shaping)
         info = {"success": self.state.success, "steps": self.state.steps}
         return self._observe(), reward, self.state.done, info
 

@@ -1,6 +1,7 @@
-"""reward_model.reward_kwargs.reward=coin_flip (the EMBODIED learning control): every
+"""The embodied reward manager's kinds. reward=coin_flip (the EMBODIED learning control): every
 episode is paid by a fair coin that depends on the seed, the step and its place in its
-group, never on what it did (success, failure, truncation, video embeddings)."""
+group, never on what it did (success, failure, truncation, video embeddings); and reward=env, the
+environment's own rewards summed per episode."""
 
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import torch
 
 from siirl.data_coordinator import protocol
 from siirl.engine.reward_manager.embodied import EmbodiedRewardManager
-from siirl.errors import ConfigError
+from siirl.errors import ConfigError, DataError
 
 GROUPS, N = 25, 8
 
@@ -50,6 +51,15 @@ def test_the_coin_is_seeded_by_run_seed_and_step():
     assert torch.equal(first, _paid(_manager(), _batch(batch)))
     assert not torch.equal(first, _paid(_manager(step=2), _batch(batch)))
     assert not torch.equal(first, _paid(_manager(seed=4), _batch(batch)))
+
+
+def test_env_pays_the_environments_summed_rewards_and_needs_them():
+    batch = _batch([1.0, 0.0, 0.0])
+    batch.set("env_scores", torch.tensor([1.6, 0.25, -0.3]))
+    paid = _paid(_manager(reward="env"), batch)
+    assert paid.tolist() == pytest.approx([1.6, 0.25, -0.3])
+    with pytest.raises(DataError, match="env_scores"):
+        _paid(_manager(reward="env"), _batch([1.0, 0.0]))
 
 
 def test_success_stays_the_default_and_other_rewards_are_refused():
