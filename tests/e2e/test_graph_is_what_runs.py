@@ -40,7 +40,8 @@ LEFT_OUT = {
     "dapo": {"actor_old_log_prob", "reference_log_prob"},
     "ppo_kl_in_reward": set(),
     "grpo_kl_loss": {"actor_old_log_prob"},
-    "embodied_grpo": {"actor_old_log_prob", "reference_log_prob"},
+    # its two passes per batch (ppo_epochs: 2) need the old policy's log-probs
+    "embodied_grpo": {"reference_log_prob"},
 }
 # timings that are not a node's
 NOT_NODES = ("step", "setup", "to_first_step", "weight_sync", "validation", "databuffer/",

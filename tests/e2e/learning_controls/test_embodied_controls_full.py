@@ -4,7 +4,7 @@ learning_controls), greedy validation on the 200 built-in validation episodes, o
 * the GRPO preset (40 steps at its peak learning rate) plays the reach tasks with x mirrored
   (``actor_rollout_ref.embodied.env.action_signs: [-1, 1]``), which the tiny VLA, taught
   the environment's own axes, starts near zero on: greedy validation rises by at least 0.30
-  within 40 steps (0.115 -> 0.43 when measured; the issue's +0.40 is not reached,
+  within 40 steps (0.115 -> 0.495 when measured; the issue's +0.40 is not reached,
   docs/embodied.md); with the taught axes it succeeds (``action_signs=[]``);
 * the same run paid by a coin flip (``+reward_model.reward_kwargs.reward=coin_flip``)
   instead of success does not raise greedy validation by more than 0.10 over the same
