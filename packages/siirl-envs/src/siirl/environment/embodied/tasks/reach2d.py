@@ -112,14 +112,19 @@ def _layout(task: _Task, rng: np.random.Generator) -> ReachState:
     return ReachState(gripper=gripper, velocity=np.zeros(2), blocks=blocks)
 
 
+def _short_of_line(block: np.ndarray, task: _Task) -> float:
+    """How far a pushed ``block`` still is from its goal line (0 or less: past it)."""
+    axis = int(np.argmax(np.abs(task.direction)))
+    ahead = float(task.direction[axis])  # +1: goal line at 1 - GOAL_LINE, -1: at GOAL_LINE
+    line = 1.0 - GOAL_LINE if ahead > 0 else GOAL_LINE
+    return (line - float(block[axis])) * ahead
+
+
 def _succeeded(state: ReachState, task: _Task) -> bool:
     block = state.blocks[task.target]
     if task.direction is None:
         return float(np.linalg.norm(state.gripper - block)) <= CONTACT + REACH_SLACK
-    axis = int(np.argmax(np.abs(task.direction)))
-    if task.direction[axis] > 0:
-        return float(block[axis]) >= 1.0 - GOAL_LINE
-    return float(block[axis]) <= GOAL_LINE
+    return _short_of_line(block, task) <= 0.0
 
 
 def _behind(block: np.ndarray, task: _Task) -> np.ndarray:
@@ -133,9 +138,7 @@ def potential(state: ReachState, task: _Task) -> float:
     block = state.blocks[task.target]
     if task.direction is None:
         return -max(0.0, float(np.linalg.norm(state.gripper - block)) - CONTACT)
-    axis = int(np.argmax(np.abs(task.direction)))
-    line = 1.0 - GOAL_LINE if task.direction[axis] > 0 else GOAL_LINE
-    remaining = max(0.0, float((line - block[axis]) * task.direction[axis]))
+    remaining = max(0.0, _short_of_line(block, task))
     return -float(np.linalg.norm(state.gripper - _behind(block, task))) - remaining
 
 
