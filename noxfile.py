@@ -20,7 +20,7 @@ def tests(session: nox.Session) -> None:
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
         session.install("-e", package)
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session

@@ -147,10 +147,14 @@ def test_kill_9_then_the_same_command_trains_every_prompt_once(tmp_path, kill_at
     assert len(trained) == len(set(trained)) == 3 * 48  # none twice, across the kill
     # none lost: the two rollout workers race, so the last steps may train a faster
     # worker's later prompts before a slower one's; that reaches back no further than the
-    # prompts the rollout may hold generated but not yet trained ((1 + s) x 16)
+    # prompts the rollout may hold generated but not yet trained ((1 + s) x 16), except for
+    # groups a step dropped as stale (async/stale_dropped), which go to the back of the line
+    # to be generated again (seen under load: 4 prompts, 40 back, dropped at the last step)
     window = 2 * 16
-    assert set(range(3 * 48 - window)) <= set(trained)
-    assert max(trained) < 3 * 48 + window
+    dropped = sum(r.get("async/stale_dropped", 0) for r in records(run))
+    behind = set(range(3 * 48 - window)) - set(trained)
+    assert len(behind) <= dropped, (sorted(behind), dropped)
+    assert max(trained) < 3 * 48 + window + dropped
 
 
 def test_agentic_frozenlake_streams_episodes_and_filters_groups_without_variance(tmp_path):
