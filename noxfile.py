@@ -68,13 +68,15 @@ def parity(session: nox.Session) -> None:
 def launch_scripts(session: nox.Session) -> None:
     """Every real launch script of tests/e2e/test_launch_scripts.py (verl's LoRA,
     sequence-balance, RLOO, REINFORCE++ and Ulysses scripts and siiRL's MARFT files too), 2
-    steps each; the default ``pytest`` runs a subset."""
+    steps each, and the MARFT code workflow (tests/e2e/test_marft.py); the default
+    ``pytest`` runs a subset."""
     _install_torch(session)
     session.install("-r", "requirements-dev.txt")
     for package in PACKAGES:
         session.install("-e", package)
     session.run("python", "-m", "pytest", "-q", "tests/e2e/test_launch_scripts.py",
-                *session.posargs, env={"SIIRL_LAUNCH_SCRIPTS": "all"})
+                "tests/e2e/test_marft.py", *session.posargs,
+                env={"SIIRL_LAUNCH_SCRIPTS": "all"})
 
 
 @nox.session

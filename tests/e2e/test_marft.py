@@ -1,7 +1,8 @@
 """siiRL's two MARFT workflow files, unchanged, train both agents on the built-in two-role
 game: a Reasoner and an Actor take turns on the built-in arithmetic problems and the math
 (or code) environment checks the Actor's answer. The files ask for rollout tensor parallel
-size 4, so the runs use 4 CPU workers."""
+size 4, so the runs use 4 CPU workers. The code workflow's run (the same pipeline, another
+environment) is left to ``SIIRL_LAUNCH_SCRIPTS=all`` (``nox -s launch_scripts``)."""
 
 import json
 import os
@@ -77,6 +78,8 @@ def test_marft_math_trains_each_agent_and_resumes(tmp_path):
     assert resumed[-1]["step"] == 3
 
 
+@pytest.mark.skipif(os.environ.get("SIIRL_LAUNCH_SCRIPTS") != "all",
+                    reason="4 workers: SIIRL_LAUNCH_SCRIPTS=all (nox -s launch_scripts)")
 def test_marft_code_runs_with_environment_rewards(tmp_path):
     records = _run(tmp_path / "run", MARFT / "workflow_marft_code.yaml",
                    "trainer.total_training_steps=2", "trainer.test_freq=-1",

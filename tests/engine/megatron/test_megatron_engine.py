@@ -77,7 +77,7 @@ def test_megatron_actor_trains_like_fsdp_and_resumes_exactly(tmp_path, fsdp_run)
         assert resumed[key] == pytest.approx(b[3][key], abs=1e-6), key
 
 
-@megatron_full  # PP 2 and TP 2 train in CI: test_ppo_on_two_workers_trains_like_fsdp
+@megatron_full  # TP 2 trains on two workers in CI: test_megatron_expert_tp.py
 def test_tensor_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path, fsdp_run):
     """Two Ray CPU workers form one TP group: both read the same rows (the DataBuffer moves
     the rollout's rows to them), each holds half of every layer; loss and gradient norm
@@ -136,7 +136,7 @@ def test_megatron_critic_trains_like_the_fsdp_critic(tmp_path, fsdp_ppo_run):
     assert (critic / "dist_ckpt").is_dir() and (critic / "replicated_modules.pt").is_file()
 
 
-@megatron_full  # PP 2 and TP 2 train in CI: test_ppo_on_two_workers_trains_like_fsdp
+@megatron_full  # PP 2 trains in CI: test_ppo_on_two_workers_trains_like_fsdp[pp2]
 def test_pipeline_parallel_2_on_two_cpu_workers_trains_like_one_fsdp_worker(tmp_path,
                                                                             fsdp_run):
     """Two Ray CPU workers form one pipeline (the built-in model's 3 layers split 2 + 1):
@@ -196,10 +196,14 @@ def test_packed_rows_train_ppo_like_the_padded_fsdp_run(tmp_path, fsdp_ppo_run):
 
 
 @pytest.mark.parametrize("layout", [
-    ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
-    ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-     "actor_rollout_ref.actor.megatron.sequence_parallel=true"],
-], ids=["pp2", "tp2-sequence-parallel"])
+    pytest.param(["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
+                 id="pp2"),
+    # TP 2 with sequence parallelism over gloo in CI: test_megatron_tp_gloo.py; TP 2 trains
+    # on two workers in CI: test_megatron_expert_tp.py
+    pytest.param(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                  "actor_rollout_ref.actor.megatron.sequence_parallel=true"],
+                 id="tp2-sequence-parallel", marks=megatron_full),
+])
 def test_ppo_on_two_workers_trains_like_fsdp(tmp_path, fsdp_ppo_run, layout):
     """Actor, reference and critic on two workers: at PP 2 the critic's value head runs on
     the last stage; at TP 2 with sequence parallelism each rank normalises half of every
