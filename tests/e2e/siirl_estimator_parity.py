@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
+
+from siirl.execution.scheduler.process_group_manager import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MARFT = ROOT / "examples/experimental/marft/config/workflow_marft.yaml"
@@ -171,12 +172,6 @@ def _worker(rank: int, world: int, out: str, names: list) -> None:
                 json.dump(history, f)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_port(rank: int, out: str, name: str) -> int:
     """A rendezvous port chosen by rank 0 just before the run and read by the others.
 
@@ -185,7 +180,7 @@ def _run_port(rank: int, out: str, name: str) -> int:
     """
     path = os.path.join(out, f".{name}.port")
     if rank == 0:
-        port = _free_port()
+        port = free_port()
         with open(path + ".tmp", "w") as f:
             f.write(str(port))
         os.replace(path + ".tmp", path)  # the others never read half a number

@@ -201,11 +201,9 @@ def max_param_diff(a: dict, b: dict) -> float:
 
 
 def free_port() -> int:
-    import socket
+    from siirl.execution.scheduler.process_group_manager import free_port as pick
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return pick()
 
 
 def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:

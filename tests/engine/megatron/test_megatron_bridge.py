@@ -9,8 +9,6 @@ ranks is in test_megatron_tp_gloo.py; the helpers here are shared with it.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -110,9 +108,9 @@ def token_loss(logits: torch.Tensor, input_ids, attention_mask) -> torch.Tensor:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from siirl.execution.scheduler.process_group_manager import free_port as pick
+
+    return pick()
 
 
 def init_megatron(tp: int, pp: int, seed: int = 1, vpp: int = 1) -> None:

@@ -31,11 +31,9 @@ KEYS = ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean")
 
 
 def _free_port() -> int:
-    import socket
+    from siirl.execution.scheduler.process_group_manager import free_port as pick
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return pick()
 
 
 def _rows(rank: int):

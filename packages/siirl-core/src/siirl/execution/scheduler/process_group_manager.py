@@ -19,12 +19,39 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import random
 import socket
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+# above Ray's worker ports (10002-19999 by default)
+_LOWEST_PICK = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: IANA's range starts at 49152
+        return 49152
+
 
 def free_port() -> int:
-    """A TCP port free on this host right now (bound to 0, then released)."""
+    """A TCP port free on this host right now, drawn at random below the kernel's ephemeral
+    range. A port bound to 0 comes from that range, where any process's outgoing connection
+    (another job's gloo or Ray traffic) may take it before the caller listens on it
+    (EADDRINUSE, seen with two jobs on one machine); ports below it are only ever bound
+    on purpose. Drawn from the OS's randomness: seeded ``random`` would give two jobs
+    with one seed the same ports."""
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(64 if low - _LOWEST_PICK >= 1000 else 0):
+        port = draw.randrange(_LOWEST_PICK, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])

@@ -32,15 +32,14 @@ def ensure_distributed() -> None:
     needs torch.distributed: megatron's parallel state, FSDP2's CPU offload. Multi-worker
     jobs are initialised by the launcher. The group is destroyed at exit."""
     import atexit
-    import socket
 
     import torch.distributed as dist
 
+    from siirl.execution.scheduler.process_group_manager import free_port
+
     if dist.is_initialized():
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
