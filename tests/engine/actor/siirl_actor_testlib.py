@@ -15,6 +15,7 @@ import torch
 from siirl.data_coordinator.protocol import make_batch
 from siirl.engine.actor.engine import ActorEngine
 from siirl.engine.fsdp.engines import fsdp_actor, fsdp_reference
+from siirl.execution.scheduler.process_group_manager import free_port  # noqa: F401 (shared by the tests)
 from siirl.params.parser import parse_config
 from siirl_spawn import finish_rank
 
@@ -198,12 +199,6 @@ def params(module) -> dict:
 
 def max_param_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
-
-
-def free_port() -> int:
-    from siirl.execution.scheduler.process_group_manager import free_port as pick
-
-    return pick()
 
 
 def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:

@@ -13,6 +13,7 @@ from siirl.data_coordinator.protocol import make_batch
 from siirl.engine.critic.engine import CriticEngine
 from siirl.engine.critic.value_model import ValueModel
 from siirl.engine.fsdp.engines import fsdp_critic
+from siirl.execution.scheduler.process_group_manager import free_port  # noqa: F401 (shared by the tests)
 from siirl.params.parser import parse_config
 from siirl_spawn import finish_rank
 
@@ -108,12 +109,6 @@ def critic_engine(config, module=None, worker=None) -> CriticEngine:
 
 def with_values(engine, batch):
     return engine.compute_values(batch).batch
-
-
-def free_port() -> int:
-    from siirl.execution.scheduler.process_group_manager import free_port as pick
-
-    return pick()
 
 
 def dp_rank_main(rank: int, world_size: int, port: int, workdir: str) -> None:

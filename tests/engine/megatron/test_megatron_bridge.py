@@ -23,6 +23,7 @@ from siirl.engine.megatron.bridge import (  # noqa: E402
     load_hf_weights,
     megatron_to_hf,
 )
+from siirl.execution.scheduler.process_group_manager import free_port  # noqa: E402
 from siirl_numerics import (  # noqa: E402
     assert_close,
     rounding,
@@ -105,12 +106,6 @@ def token_loss(logits: torch.Tensor, input_ids, attention_mask) -> torch.Tensor:
     logp = logits.float().log_softmax(-1)[:, :-1].gather(-1, input_ids[:, 1:, None])
     mask = (attention_mask[:, 1:] * attention_mask[:, :-1]).float()
     return -(logp.squeeze(-1) * mask).sum() / mask.sum()
-
-
-def free_port() -> int:
-    from siirl.execution.scheduler.process_group_manager import free_port as pick
-
-    return pick()
 
 
 def init_megatron(tp: int, pp: int, seed: int = 1, vpp: int = 1) -> None:

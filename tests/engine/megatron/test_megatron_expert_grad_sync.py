@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from siirl.execution.scheduler.process_group_manager import free_port
 from siirl_spawn import finish_rank, join_spawned, start_gloo_rank
 from siirl_suites import megatron_full
 
@@ -28,12 +29,6 @@ pytest.importorskip("megatron.core")
 ROWS, PROMPT, RESPONSE = 4, 5, 4  # rows per rank (tiny-moe: 58 token ids)
 CLIP = 0.05  # below every step's grad norm: clipping scales every step
 KEYS = ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean")
-
-
-def _free_port() -> int:
-    from siirl.execution.scheduler.process_group_manager import free_port as pick
-
-    return pick()
 
 
 def _rows(rank: int):
@@ -103,7 +98,7 @@ def _rank_main(rank: int, world_size: int, port: int, out: str, tp: int) -> None
 def _check_critic_at_ep_2(tmp_path, tp: int) -> None:
     """2 data-parallel ranks (x ``tp``): EP 2 gives EP 1's values, losses and norms."""
     world = 2 * tp
-    context = mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path), tp),
+    context = mp.start_processes(_rank_main, args=(world, free_port(), str(tmp_path), tp),
                                  nprocs=world, join=False, start_method="spawn")
     join_spawned(context, f"the {world}-rank megatron critic run")
     tolerance = 1e-5  # float32: a few hundred rounded terms per value and per norm
